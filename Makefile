@@ -1,0 +1,57 @@
+# mini_vllm labs. Every target sets up what it needs; start with `make demo`
+# or `make test` on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SETUP_STAMP    := $(VENV)/.setup-done
+UPSTREAM_STAMP := $(VENV)/.upstream-done
+
+.PHONY: setup upstream demo test test-fast snapshots bench clean help
+
+help:
+	@echo "make demo       run the scheduler demo (sets up .venv first)"
+	@echo "make test       full test suite, upstream oracle included"
+	@echo "make test-fast  tests that do not need the pinned upstream"
+	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
+	@echo "make snapshots  re-record the upstream snapshots the tests compare against"
+	@echo "make bench      time mini_vllm's scheduler loop against upstream's"
+
+# torch is installed first, pinned, so that nothing later can pull a CUDA build.
+$(SETUP_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e '.[dev]'
+	touch $@
+
+setup: $(SETUP_STAMP)
+
+# vllm's metadata pins a CUDA torch: install it with --no-deps, its pure-Python
+# import-path dependencies from requirements/upstream.txt, and re-assert the
+# project's own pins (torch 2.13.0, transformers) in the same resolve.
+$(UPSTREAM_STAMP): $(SETUP_STAMP) requirements/upstream.txt requirements/upstream-nodeps.txt
+	$(BIN)/pip install -e . -r requirements/upstream.txt
+	$(BIN)/pip install --no-deps -r requirements/upstream-nodeps.txt
+	$(BIN)/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__; assert vllm.__version__ == '0.22.1', vllm.__version__"
+	touch $@
+
+upstream: $(UPSTREAM_STAMP)
+
+demo: setup
+	$(BIN)/python -m mini_vllm
+
+# MINI_VLLM_REQUIRE_UPSTREAM turns a missing pin into a failure, not a skip.
+test: upstream
+	MINI_VLLM_REQUIRE_UPSTREAM=1 $(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not upstream"
+
+snapshots: upstream
+	$(BIN)/python -m mini_vllm.oracle record
+
+bench: upstream
+	$(BIN)/python -m mini_vllm.benchmarks.scheduler
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,87 @@
+"""Engine configuration: the subset of upstream's config classes mini_vllm uses.
+
+Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
+(config/scheduler.py; validation in ``verify_max_model_len`` at :259),
+``CacheConfig`` (config/cache.py) and ``VllmConfig`` (config/vllm.py).
+Defaults are upstream's. Left out: parallelism, LoRA, speculative decoding,
+KV transfer, compilation, observability, partial-prefill limits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    # 0 = off; otherwise no request gets more than this many tokens a step.
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+    # Admit a waiting request only if its whole prompt fits in free blocks.
+    scheduler_reserve_full_isl: bool = True
+    # Class to instantiate instead of mini_vllm's Scheduler (labs plug in here).
+    scheduler_cls: type | str | None = None
+
+    def verify(self, max_model_len: int) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}."
+            )
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(
+                "long_prefill_token_threshold must be >= 0, got "
+                f"{self.long_prefill_token_threshold}."
+            )
+        if self.max_num_batched_tokens < max_model_len and not self.enable_chunked_prefill:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({max_model_len}) and chunked prefill is off, so a long "
+                "prompt could never be scheduled. Increase max_num_batched_tokens, "
+                "decrease max_model_len, or enable chunked prefill."
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater "
+                f"than or equal to max_num_seqs ({self.max_num_seqs})."
+            )
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"Unknown scheduling policy: {self.policy!r} (use 'fcfs' or 'priority').")
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    # Set at start-up from the memory budget (or given directly in tests).
+    num_gpu_blocks: int | None = None
+
+    def verify(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {self.block_size}.")
+
+
+@dataclass
+class ModelConfig:
+    max_model_len: int = 2048
+    model: str | None = None
+
+    def verify(self) -> None:
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}.")
+
+
+@dataclass
+class VllmConfig:
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        self.model_config.verify()
+        self.cache_config.verify()
+        self.scheduler_config.verify(self.model_config.max_model_len)

@@ -1,0 +1,120 @@
+"""The pool of KV-cache blocks: allocate, free, touch, and the prefix cache.
+
+Mirrors upstream ``vllm/v1/core/block_pool.py`` at v0.22.1 (``BlockPool`` at
+:136, ``BlockHashToBlockMap`` at :33). Left out: KV events, metrics
+collector, group ids in hash keys, ``evict_blocks`` for connectors.
+
+Invariants kept:
+- block 0 is the null block: never allocated, never freed, never cached;
+- ``ref_cnt`` of a block equals the number of requests holding it;
+- a cached block stays in the prefix cache after its last holder frees it
+  (it sits in the free queue, ``ref_cnt == 0``) until it is reused, which
+  evicts it;
+- several blocks may carry the same hash (no de-duplication, so a running
+  request's block table is append-only); lookups return the oldest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from mini_vllm.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+
+if TYPE_CHECKING:
+    from mini_vllm.request import Request
+
+
+class BlockPool:
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
+        assert isinstance(num_gpu_blocks, int) and num_gpu_blocks > 0
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        # hash -> {block_id: block}, oldest insertion first. Upstream stores a
+        # bare block when there is one and switches to a dict on the second;
+        # a dict always gives the same lookups with one code path.
+        self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        blocks = self.cached_block_hash_to_block.get(block_hash)
+        return next(iter(blocks.values())) if blocks else None
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+    ) -> None:
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` by hash."""
+        if num_cached_blocks >= num_full_blocks:
+            return
+        assert len(request.block_hashes) >= num_full_blocks
+        for i in range(num_cached_blocks, num_full_blocks):
+            blk = blocks[i]
+            if blk.is_null:
+                continue
+            block_hash = request.block_hashes[i]
+            blk.block_hash = block_hash
+            self.cached_block_hash_to_block.setdefault(block_hash, {})[blk.block_id] = blk
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop blocks off the front of the free queue, evicting cached ones."""
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        for block in ret:
+            if self.enable_caching:
+                self._maybe_evict_cached_block(block)
+            assert block.ref_cnt == 0
+            block.ref_cnt = 1
+        return ret
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        block_hash = block.block_hash
+        if block_hash is None:
+            return False
+        blocks = self.cached_block_hash_to_block.get(block_hash)
+        if blocks is None or blocks.pop(block.block_id, None) is None:
+            return False
+        if not blocks:
+            del self.cached_block_hash_to_block[block_hash]
+        block.reset_hash()
+        return True
+
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Take a reference on prefix-cache hits, pulling free ones out of the queue."""
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference on each block; blocks reaching zero join the
+        back of the free queue in the given order (first = evicted first)."""
+        blocks = list(ordered_blocks)
+        for block in blocks:
+            block.ref_cnt -= 1
+        self.free_block_queue.append_n(
+            [b for b in blocks if b.ref_cnt == 0 and not b.is_null]
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only allowed when no block is in use."""
+        if self.num_gpu_blocks - self.get_num_free_blocks() != 1:
+            return False
+        self.cached_block_hash_to_block = {}
+        for block in self.blocks:
+            block.reset_hash()
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        total = self.num_gpu_blocks - 1  # the null block is never usable
+        return 1.0 - self.get_num_free_blocks() / total if total else 0.0

@@ -1,0 +1,218 @@
+"""The scheduler's only window onto KV-cache memory.
+
+Mirrors upstream ``vllm/v1/core/kv_cache_manager.py`` at v0.22.1
+(``KVCacheBlocks`` at :24, ``KVCacheManager`` at :121,
+``get_computed_blocks`` at :197, ``allocate_slots`` at :235, ``free`` at
+:406) together with the two layers upstream puts beneath it for a model with
+one full-attention KV-cache group: ``UnitaryKVCacheCoordinator``
+(kv_cache_coordinator.py:324) and ``FullAttentionManager``
+(single_type_kv_cache_manager.py:31 and :481). mini_vllm folds those into
+this one class because it only ever has one group of full attention.
+Left out: sliding-window/Mamba/cross-attention managers, KV connectors and
+external tokens, EAGLE's dropped last block, KV events.
+
+Invariants kept:
+- ``allocate_slots`` either allocates everything the step needs or returns
+  ``None`` and changes nothing that matters (the scheduler then preempts);
+- the count of blocks it needs includes prefix hits that sit in the free
+  queue, because touching them takes them out of it;
+- full blocks are registered in the prefix cache as soon as they are
+  allocated, capped at ``request.num_tokens`` (tokens that really exist);
+- a hit never covers the whole prompt: the last token is always recomputed
+  so the model produces logits for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mini_vllm.core.block_pool import BlockPool
+from mini_vllm.core.kv_cache_utils import KVCacheBlock
+from mini_vllm.metrics.stats import PrefixCacheStats
+from mini_vllm.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class KVCacheBlocks:
+    """Blocks handed to the scheduler, one sequence per KV-cache group
+    (mini_vllm always has exactly one group, so ``blocks[0]``)."""
+
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+
+    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
+        if allow_none and all(len(group) == 0 for group in self.blocks):
+            return None
+        return tuple([blk.block_id for blk in group] for group in self.blocks)
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_caching: bool = True,
+    ) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        # request id -> its blocks, in token order.
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # request id -> how many of its leading blocks are in the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+        # One shared empty result, so "no hit" is cheap and recognisable.
+        self.empty_kv_cache_blocks = KVCacheBlocks(((),))
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Return the stats gathered since the last call, and start afresh."""
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """Longest run of cached full blocks that starts the request's tokens.
+
+        Returns the blocks and the number of tokens they cover. At most
+        ``num_tokens - 1`` tokens can hit, so the last prompt token is always
+        computed (its logits sample the first output token).
+        """
+        if not self.enable_caching:
+            return self.empty_kv_cache_blocks, 0
+        max_num_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_num_blocks]:
+            cached = self.block_pool.get_cached_block(block_hash)
+            if cached is None:
+                break  # hashes chain: after one miss nothing later can hit
+            hits.append(cached)
+        num_hit_tokens = len(hits) * self.block_size
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hit_tokens,
+            preempted=request.num_preemptions > 0,
+        )
+        if not hits:
+            return self.empty_kv_cache_blocks, 0
+        return KVCacheBlocks((hits,)), num_hit_tokens
+
+    def _get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
+    ) -> int:
+        """Free blocks needed so the request has slots for ``num_tokens`` tokens."""
+        num_required = cdiv(num_tokens, self.block_size)
+        num_held = len(self.req_to_blocks.get(request_id, ()))
+        num_new = max(num_required - num_held - len(new_computed_blocks), 0)
+        # Hits with no holder sit in the free queue; touching them removes
+        # them from it, so they cost free capacity too.
+        num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        return num_new + num_evictable
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+    ) -> KVCacheBlocks | None:
+        """Give the request slots for ``num_new_tokens`` more tokens.
+
+        Token layout of the request::
+
+            | computed | new hits (new_computed_blocks) | new (to compute) |
+
+        Returns the newly allocated blocks (possibly none), or ``None`` when
+        the free pool cannot cover them, in which case nothing is changed.
+        With ``full_sequence_must_fit`` (the admission gate the scheduler
+        uses for waiting requests) it also returns ``None`` unless the
+        *whole* request, not just this chunk, would fit right now.
+        """
+        if num_new_tokens == 0:
+            raise ValueError("num_new_tokens must be greater than 0")
+        new_computed = new_computed_blocks.blocks[0] if new_computed_blocks else ()
+        num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        total_computed_tokens = min(num_local_computed_tokens, self.max_model_len)
+        free = self.block_pool.get_num_free_blocks()
+        request_id = request.request_id
+
+        if full_sequence_must_fit:
+            full_num_tokens = min(request.num_tokens, self.max_model_len)
+            if self._get_num_blocks_to_allocate(request_id, full_num_tokens, new_computed) > free:
+                return None
+
+        num_tokens_need_slot = min(
+            total_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
+        )
+        if self._get_num_blocks_to_allocate(request_id, num_tokens_need_slot, new_computed) > free:
+            return None
+
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        if new_computed:
+            # Only a request with no blocks yet can have prefix hits.
+            assert not req_blocks
+            if self.enable_caching:
+                self.block_pool.touch(new_computed)
+            req_blocks.extend(new_computed)
+            self.num_cached_block[request_id] = len(req_blocks)
+
+        num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(req_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        req_blocks.extend(new_blocks)
+
+        if self.enable_caching:
+            # Cache every block that will be full once this step runs, but
+            # never count tokens that do not exist yet (lookahead slots).
+            self.cache_blocks(request, min(total_computed_tokens + num_new_tokens, request.num_tokens))
+        return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty_kv_cache_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        request_id = request.request_id
+        num_cached = self.num_cached_block.get(request_id, 0)
+        num_full = num_computed_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        self.block_pool.cache_full_blocks(
+            request, self.req_to_blocks[request_id], num_cached, num_full
+        )
+        self.num_cached_block[request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first, so that the end of a
+        prefix is evicted before its beginning."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.block_pool.free_blocks(reversed(blocks))
+        self.num_cached_block.pop(request.request_id, None)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        """Leading blocks shared by every request that holds blocks (cascade
+        attention's input; upstream returns one count per group)."""
+        if not self.enable_caching:
+            return 0
+        num_holders = len(self.req_to_blocks)
+        count = 0
+        for block in self.req_to_blocks.get(running_request_id, ()):
+            if block.ref_cnt != num_holders:
+                break
+            count += 1
+        return count
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        blocks = self.req_to_blocks.get(request_id)
+        return KVCacheBlocks((blocks,)) if blocks else self.empty_kv_cache_blocks
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()

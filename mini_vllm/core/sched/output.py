@@ -1,0 +1,81 @@
+"""What the scheduler hands the model runner each step.
+
+Mirrors upstream ``vllm/v1/core/sched/output.py`` at v0.22.1
+(``NewRequestData`` :25, ``CachedRequestData`` :106, ``SchedulerOutput``
+:181). Left out: multimodal, LoRA, pooling, spec-decode, connector and
+grammar fields.
+
+The split is the point: a request scheduled for the first time travels in
+full (``NewRequestData``: prompt, sampling params, all its block ids); after
+that only deltas travel (``CachedRequestData``: new block ids, computed
+count). A request resumed after preemption lost its blocks, so its
+``new_block_ids`` *replace* its block table instead of extending it, and its
+whole token list is resent in ``all_token_ids``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mini_vllm.request import Request
+from mini_vllm.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+
+    @classmethod
+    def from_request(cls, request: Request, block_ids: tuple[list[int], ...]) -> NewRequestData:
+        return cls(
+            req_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.sampling_params,
+            block_ids=block_ids,
+            num_computed_tokens=request.num_computed_tokens,
+        )
+
+
+@dataclass
+class CachedRequestData:
+    req_ids: list[str]
+    # For these ids new_block_ids replace the block table (resumed requests).
+    resumed_req_ids: set[str]
+    # Upstream fills this only under pipeline parallelism; without it the
+    # model runner keeps the tokens it sampled, so it stays empty here too.
+    new_token_ids: list[list[int]]
+    # Full token lists for requests not scheduled in the previous step.
+    all_token_ids: dict[str, list[int]]
+    new_block_ids: list[tuple[list[int], ...] | None]
+    num_computed_tokens: list[int]
+    num_output_tokens: list[int]
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    @classmethod
+    def make_empty(cls) -> CachedRequestData:
+        return cls([], set(), [], {}, [], [], [])
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    # req_id -> tokens scheduled this step, in scheduling order.
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Leading blocks shared by all requests holding blocks (one per group).
+    num_common_prefix_blocks: list[int]
+    # Requests that finished since the previous schedule() (workers free state).
+    finished_req_ids: set[str]
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+    @classmethod
+    def make_empty(cls) -> SchedulerOutput:
+        return cls([], CachedRequestData.make_empty(), {}, 0, [], set())

@@ -1,0 +1,447 @@
+"""The continuous-batching scheduler: who runs this step, and how many tokens.
+
+Mirrors upstream ``vllm/v1/core/sched/scheduler.py`` at v0.22.1:
+``schedule`` (:329), ``_preempt_request`` (:929), ``_update_after_schedule``
+(:951), ``_make_cached_request_data`` (:1036), ``update_from_output``
+(:1283), ``add_request`` (:1755), ``finish_requests`` (:1779).
+Left out: KV/EC connectors, encoder inputs, LoRA, speculative decoding,
+structured output, pipeline parallelism, async scheduling, pause states,
+streaming sessions, Mamba alignment, events and most stats.
+
+There is no prefill phase and no decode phase. Every request has
+``num_computed_tokens`` and ``num_tokens``; each step hands out one token
+budget so that computed catches up with total. A long prompt simply takes
+several steps (chunked prefill); a decode is a request one token behind.
+
+Deliberate differences from upstream (all listed in UPSTREAM_PIN.md):
+- ``_clamp_new_tokens`` names the three-cap clamp that upstream writes inline
+  at scheduler.py:390-397;
+- ``add_request`` rejects duplicate ids, empty prompts and prompts that
+  cannot fit ``max_model_len`` with ``ValueError`` (upstream checks prompts in
+  the engine's InputProcessor and asserts on duplicates);
+- the constructor rejects a KV cache that cannot hold one
+  ``max_model_len`` request (upstream checks at engine start-up);
+- ``update_from_output`` returns one ``EngineCoreOutputs`` (one client).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from mini_vllm.config import VllmConfig
+from mini_vllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager, cdiv
+from mini_vllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from mini_vllm.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from mini_vllm.core.sched.utils import check_stop, remove_all
+from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs
+from mini_vllm.metrics.stats import SchedulerStats
+from mini_vllm.outputs import ModelRunnerOutput
+from mini_vllm.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, vllm_config: VllmConfig, log_stats: bool = True) -> None:
+        self.vllm_config = vllm_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.cache_config = vllm_config.cache_config
+        self.log_stats = log_stats
+
+        self.max_num_running_reqs = self.scheduler_config.max_num_seqs
+        self.max_num_scheduled_tokens = self.scheduler_config.max_num_batched_tokens
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.block_size = self.cache_config.block_size
+
+        num_gpu_blocks = self.cache_config.num_gpu_blocks
+        if num_gpu_blocks is None or num_gpu_blocks < 2:
+            raise ValueError(
+                f"num_gpu_blocks must be at least 2 (block 0 is the null block), "
+                f"got {num_gpu_blocks}."
+            )
+        blocks_per_max_len_request = cdiv(self.max_model_len, self.block_size)
+        if num_gpu_blocks - 1 < blocks_per_max_len_request:
+            raise ValueError(
+                f"The KV cache is too small: {num_gpu_blocks - 1} usable blocks of "
+                f"{self.block_size} tokens hold {(num_gpu_blocks - 1) * self.block_size} "
+                f"tokens, but one request of max_model_len={self.max_model_len} needs "
+                f"{blocks_per_max_len_request} blocks. Give the cache at least "
+                f"{blocks_per_max_len_request + 1} blocks or lower max_model_len."
+            )
+
+        # req_id -> Request, for every request not yet finished and freed.
+        self.requests: dict[str, Request] = {}
+        self.policy = SchedulingPolicy(self.scheduler_config.policy)
+        self.waiting = create_request_queue(self.policy)
+        self.running: list[Request] = []
+        # Finished since the last schedule(); told to the workers, then cleared.
+        self.finished_req_ids: set[str] = set()
+        self.prev_step_scheduled_req_ids: set[str] = set()
+
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks=num_gpu_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            enable_caching=self.cache_config.enable_prefix_caching,
+        )
+
+    # ------------------------------------------------------------------ schedule
+
+    def _clamp_new_tokens(self, request: Request, num_new_tokens: int, token_budget: int) -> int:
+        """The three caps on a running request's tokens this step.
+
+        1. ``long_prefill_token_threshold`` (if > 0): no request takes more
+           than this per step, so one long prompt cannot hog the budget;
+        2. the token budget left in this step;
+        3. ``max_model_len - 1 - num_computed_tokens``: never compute a
+           position at or past the model's length.
+        Upstream writes this inline at scheduler.py:390-397.
+        """
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        if 0 < threshold < num_new_tokens:
+            num_new_tokens = threshold
+        num_new_tokens = min(num_new_tokens, token_budget)
+        return min(num_new_tokens, self.max_model_len - 1 - request.num_computed_tokens)
+
+    def schedule(self) -> SchedulerOutput:
+        scheduled_new_reqs: list[Request] = []
+        scheduled_resumed_reqs: list[Request] = []
+        scheduled_running_reqs: list[Request] = []
+        preempted_reqs: list[Request] = []
+
+        req_to_new_blocks: dict[str, KVCacheBlocks] = {}
+        num_scheduled_tokens: dict[str, int] = {}
+        token_budget = self.max_num_scheduled_tokens
+        scheduled_timestamp = time.monotonic()
+
+        # Phase 1: the RUNNING requests, in order.
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            num_new_tokens = self._clamp_new_tokens(
+                request, request.num_tokens_with_spec - request.num_computed_tokens, token_budget
+            )
+            if num_new_tokens == 0:
+                # Nothing to do for it now (it sits at max_model_len - 1).
+                # `continue`, not `break`: later requests may still run.
+                req_index += 1
+                continue
+
+            # Ask for memory; on None, preempt a victim and ask again.
+            while True:
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                if new_blocks is not None:
+                    break
+                if self.policy == SchedulingPolicy.PRIORITY:
+                    # Worst priority (largest value), then latest arrival.
+                    preempted_req = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                    self.running.remove(preempted_req)
+                    if preempted_req in scheduled_running_reqs:
+                        # Already scheduled this step: hand its tokens back.
+                        scheduled_running_reqs.remove(preempted_req)
+                        token_budget += num_scheduled_tokens.pop(preempted_req.request_id)
+                        req_to_new_blocks.pop(preempted_req.request_id)
+                        req_index -= 1
+                else:
+                    # FCFS: the most recently admitted request.
+                    preempted_req = self.running.pop()
+                self._preempt_request(preempted_req, scheduled_timestamp)
+                preempted_reqs.append(preempted_req)
+                if preempted_req is request:
+                    break  # it was the victim itself: nothing left to free
+            if new_blocks is None:
+                break
+
+            scheduled_running_reqs.append(request)
+            req_to_new_blocks[request.request_id] = new_blocks
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            token_budget -= num_new_tokens
+            req_index += 1
+
+        # Phase 2: admit WAITING requests, unless memory pressure forced a
+        # preemption this step (admitting now would only thrash).
+        if not preempted_reqs:
+            while self.waiting and token_budget > 0:
+                if len(self.running) == self.max_num_running_reqs:
+                    break
+                request = self.waiting.peek_request()
+
+                # Prefix caching: adopt the longest cached prefix for free.
+                new_computed_blocks, num_new_local_computed_tokens = (
+                    self.kv_cache_manager.get_computed_blocks(request)
+                )
+                num_computed_tokens = num_new_local_computed_tokens
+                # num_tokens, not num_prompt_tokens: a resumed request
+                # recomputes its outputs too.
+                num_new_tokens = request.num_tokens - num_computed_tokens
+                threshold = self.scheduler_config.long_prefill_token_threshold
+                if 0 < threshold < num_new_tokens:
+                    num_new_tokens = threshold
+                if (
+                    not self.scheduler_config.enable_chunked_prefill
+                    and num_new_tokens > token_budget
+                ):
+                    break  # whole prompt or nothing, and it does not fit
+                num_new_tokens = min(num_new_tokens, token_budget)
+
+                new_blocks = self.kv_cache_manager.allocate_slots(
+                    request,
+                    num_new_tokens,
+                    num_new_computed_tokens=num_new_local_computed_tokens,
+                    new_computed_blocks=new_computed_blocks,
+                    full_sequence_must_fit=self.scheduler_config.scheduler_reserve_full_isl,
+                )
+                if new_blocks is None:
+                    break  # no memory: stop admitting (strict queue order)
+
+                request = self.waiting.pop_request()
+                self.running.append(request)
+                if request.status == RequestStatus.WAITING:
+                    scheduled_new_reqs.append(request)
+                elif request.status == RequestStatus.PREEMPTED:
+                    scheduled_resumed_reqs.append(request)
+                else:
+                    raise RuntimeError(f"Invalid request status: {request.status}")
+                req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(
+                    request.request_id
+                )
+                num_scheduled_tokens[request.request_id] = num_new_tokens
+                token_budget -= num_new_tokens
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = num_computed_tokens
+
+        total_num_scheduled_tokens = sum(num_scheduled_tokens.values())
+        assert total_num_scheduled_tokens <= self.max_num_scheduled_tokens
+        assert token_budget >= 0
+        assert len(self.running) <= self.max_num_running_reqs
+
+        num_common_prefix_blocks = [0]
+        if self.running:
+            num_common_prefix_blocks = [
+                self.kv_cache_manager.get_num_common_prefix_blocks(self.running[0].request_id)
+            ]
+
+        new_reqs_data = [
+            NewRequestData.from_request(req, req_to_new_blocks[req.request_id].get_block_ids())
+            for req in scheduled_new_reqs
+        ]
+        cached_reqs_data = self._make_cached_request_data(
+            scheduled_running_reqs, scheduled_resumed_reqs, req_to_new_blocks
+        )
+        self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
+
+        scheduler_output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=cached_reqs_data,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=total_num_scheduled_tokens,
+            num_common_prefix_blocks=num_common_prefix_blocks,
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids={req.request_id for req in preempted_reqs},
+        )
+        self._update_after_schedule(scheduler_output)
+        return scheduler_output
+
+    def _make_cached_request_data(
+        self,
+        running_reqs: list[Request],
+        resumed_reqs: list[Request],
+        req_to_new_blocks: dict[str, KVCacheBlocks],
+    ) -> CachedRequestData:
+        req_ids: list[str] = []
+        new_block_ids: list[tuple[list[int], ...] | None] = []
+        all_token_ids: dict[str, list[int]] = {}
+        num_computed_tokens: list[int] = []
+        num_output_tokens: list[int] = []
+        for req in running_reqs + resumed_reqs:
+            req_id = req.request_id
+            req_ids.append(req_id)
+            if req_id not in self.prev_step_scheduled_req_ids:
+                # The workers did not see it last step: send every token.
+                all_token_ids[req_id] = req.all_token_ids.copy()
+            new_block_ids.append(req_to_new_blocks[req_id].get_block_ids(allow_none=True))
+            num_computed_tokens.append(req.num_computed_tokens)
+            num_output_tokens.append(req.num_output_tokens)
+        return CachedRequestData(
+            req_ids=req_ids,
+            resumed_req_ids={req.request_id for req in resumed_reqs},
+            new_token_ids=[],
+            all_token_ids=all_token_ids,
+            new_block_ids=new_block_ids,
+            num_computed_tokens=num_computed_tokens,
+            num_output_tokens=num_output_tokens,
+        )
+
+    def _preempt_request(self, request: Request, timestamp: float) -> None:
+        """Free the request's KV cache and send it back to the waiting queue.
+
+        The caller has already taken it out of ``self.running``. Its tokens
+        are kept; its KV is recomputed when it is admitted again (vLLM v1
+        has no swapping). Prefix caching often makes that recompute cheap:
+        its freed blocks stay cached until reused.
+        """
+        assert request.status == RequestStatus.RUNNING, "Only running requests can be preempted"
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        """Advance num_computed_tokens now, before the model runs, so the
+        next schedule() can plan the next chunk straight away. The output
+        above already recorded the pre-step counts the runner needs."""
+        for req_id, num_scheduled_token in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests[req_id]
+            request.num_computed_tokens += num_scheduled_token
+            request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
+        # A new set, not clear(): the output just built still refers to the old one.
+        self.finished_req_ids = set()
+
+    # ------------------------------------------------------- update_from_output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        """Take in the sampled tokens: append them, check stops, free the finished."""
+        sampled_token_ids = model_runner_output.sampled_token_ids
+        logprobs = model_runner_output.logprobs
+        outputs: list[EngineCoreOutput] = []
+        stopped_running_reqs: set[Request] = set()
+
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue  # aborted while the model was running
+            req_index = model_runner_output.req_id_to_index[req_id]
+            new_token_ids = sampled_token_ids[req_index] if sampled_token_ids else []
+
+            stopped = False
+            if new_token_ids:
+                new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
+            finish_reason = None
+            if stopped:
+                finish_reason = request.get_finished_reason()
+                self._free_request(request)
+                stopped_running_reqs.add(request)
+
+            if new_token_ids or stopped:
+                new_logprobs = None
+                if logprobs is not None and request.sampling_params.logprobs is not None:
+                    new_logprobs = logprobs[req_index][: len(new_token_ids)]
+                outputs.append(
+                    EngineCoreOutput(
+                        request_id=req_id,
+                        new_token_ids=new_token_ids,
+                        finish_reason=finish_reason,
+                        stop_reason=request.stop_reason,
+                        new_logprobs=new_logprobs,
+                    )
+                )
+
+        if stopped_running_reqs:
+            self.running = remove_all(self.running, stopped_running_reqs)
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+
+    def _update_request_with_output(
+        self, request: Request, new_token_ids: list[int]
+    ) -> tuple[list[int], bool]:
+        """Append tokens one at a time; stop at the first that ends the request."""
+        stopped = False
+        for num_new, output_token_id in enumerate(new_token_ids, 1):
+            request.append_output_token_ids(output_token_id)
+            stopped = check_stop(request, self.max_model_len)
+            if stopped:
+                new_token_ids = new_token_ids[:num_new]
+                break
+        return new_token_ids, stopped
+
+    # ------------------------------------------------------- requests in and out
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request. Bad input raises ValueError and changes nothing."""
+        if request.request_id in self.requests:
+            raise ValueError(f"Duplicate request id {request.request_id!r}: it is already in the scheduler.")
+        if request.num_prompt_tokens == 0:
+            raise ValueError(f"Request {request.request_id!r} has an empty prompt.")
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"Request {request.request_id!r}: the prompt (length "
+                f"{request.num_prompt_tokens}) leaves no room for an output token within "
+                f"max_model_len={self.max_model_len}; prompts must be shorter than "
+                "max_model_len."
+            )
+        if request.status != RequestStatus.WAITING:
+            raise ValueError(f"Request {request.request_id!r} is {request.status}, not WAITING.")
+        self.waiting.add_request(request)
+        self.requests[request.request_id] = request
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
+    ) -> list[str]:
+        """Finish requests from outside (e.g. abort). Unknown or already
+        finished ids are ignored. ``None`` finishes everything. Returns the
+        ids actually finished."""
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"{finished_status} is not a finished status.")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        elif request_ids is None:
+            request_ids = list(self.requests)
+        else:
+            request_ids = set(request_ids)
+
+        running_to_remove: set[Request] = set()
+        waiting_to_remove: list[Request] = []
+        valid_requests: list[Request] = []
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            valid_requests.append(request)
+            if request.status == RequestStatus.RUNNING:
+                running_to_remove.add(request)
+            else:
+                waiting_to_remove.append(request)
+        if running_to_remove:
+            self.running = remove_all(self.running, running_to_remove)
+        if waiting_to_remove:
+            self.waiting.remove_requests(waiting_to_remove)
+        for request in valid_requests:
+            request.status = finished_status
+            self._free_request(request)
+        return [r.request_id for r in valid_requests]
+
+    def _free_request(self, request: Request) -> None:
+        assert request.is_finished()
+        self.finished_req_ids.add(request.request_id)
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.get_num_unfinished_requests() > 0
+
+    def has_finished_requests(self) -> bool:
+        return len(self.finished_req_ids) > 0
+
+    def has_requests(self) -> bool:
+        """Work left: unfinished requests, or finished ids not yet reported."""
+        return self.has_unfinished_requests() or self.has_finished_requests()
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return len(self.running), len(self.waiting)
+
+    def make_stats(self) -> SchedulerStats | None:
+        if not self.log_stats:
+            return None
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_stats=self.kv_cache_manager.make_prefix_cache_stats(),
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()

@@ -1,0 +1,45 @@
+"""Stop-condition check and a list helper used by the scheduler.
+
+Mirrors upstream ``vllm/v1/core/sched/utils.py`` at v0.22.1 (``check_stop``
+:100, ``remove_all`` :66). Left out: repetition detection, pooling.
+
+Order of checks (it decides the finish reason when several apply):
+min_tokens not reached -> keep going; EOS -> stopped; a stop token ->
+stopped (stop_reason = that token); max_model_len or max_tokens reached ->
+length-capped.
+"""
+
+from __future__ import annotations
+
+from mini_vllm.request import Request, RequestStatus
+
+
+def remove_all(lst: list, items_to_remove: set) -> list:
+    """``lst`` without ``items_to_remove``; callers must use the return value."""
+    if not items_to_remove:
+        return lst
+    if len(items_to_remove) == 1:
+        item = next(iter(items_to_remove))
+        if item in lst:
+            lst.remove(item)
+        return lst
+    return [item for item in lst if item not in items_to_remove]
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Set a finished status on the request if its last token ends it."""
+    params = request.sampling_params
+    if request.num_output_tokens < params.min_tokens:
+        return False
+    last_token_id = request.output_token_ids[-1]
+    if last_token_id == params.eos_token_id:
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
+    if last_token_id in params.stop_token_ids:
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = last_token_id
+        return True
+    if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False

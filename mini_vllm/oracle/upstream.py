@@ -1,0 +1,188 @@
+"""The pinned upstream Scheduler, built on a CPU, with mini_vllm.testing's keywords.
+
+Needs ``make upstream`` (vllm 0.22.1 installed with --no-deps beside the CPU
+torch). Importing this module imports vllm (about 5 s). How it works,
+following the facts in the project's design notes:
+- a ``ModelConfig`` needs a model folder: we write a ``config.json`` naming a
+  stand-in architecture registered with ``ModelRegistry``, so vllm never
+  imports a real model class or reaches a hub;
+- ``DeviceConfig(device="cpu")`` avoids GPU platform detection without
+  turning on vLLM's CPU platform (which would change block size, prefix
+  caching and chunked prefill);
+- the KV cache is one full-attention group of ``num_blocks`` blocks;
+- the resolved configuration is checked against what was asked, so a
+  silent rewrite by vllm fails loudly instead of skewing a comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+
+import torch  # noqa: E402
+import vllm  # noqa: E402
+from torch import nn  # noqa: E402
+from vllm import ModelRegistry  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig,
+)
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core import kv_cache_utils  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+)
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+EOS_TOKEN_ID = 50256
+VERSION = vllm.__version__
+COMMIT = "0decac0d96c42b49572498019f0a0e3600f50398"
+_ARCH = "MiniVllmSchedulerStandIn"
+
+__all__ = ["EOS_TOKEN_ID", "RequestStatus", "ModelRunnerOutput", "create_scheduler",
+           "create_requests", "VERSION", "COMMIT"]
+
+
+class _StandInModel(nn.Module):
+    """Satisfies vllm's 'is a text-generation model' check; never runs."""
+
+    def __init__(self, *, vllm_config=None, prefix: str = "") -> None:
+        super().__init__()
+
+    def embed_input_ids(self, input_ids):
+        return input_ids
+
+    def forward(self, input_ids, positions, **kwargs):
+        return input_ids
+
+    def compute_logits(self, hidden_states):
+        return hidden_states
+
+
+ModelRegistry.register_model(_ARCH, _StandInModel)
+_model_dir = tempfile.mkdtemp(prefix="mini_vllm_upstream_model_")
+with open(os.path.join(_model_dir, "config.json"), "w") as f:
+    json.dump({
+        "architectures": [_ARCH], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 64, "num_attention_heads": 1, "num_key_value_heads": 1,
+        "num_hidden_layers": 1, "vocab_size": 65536, "max_position_embeddings": 1 << 20,
+    }, f)
+
+# Chain block hashes from sha256("0"), as mini_vllm does (upstream reads the
+# seed from PYTHONHASHSEED and is random without it).
+_old_seed = os.environ.get("PYTHONHASHSEED")
+os.environ["PYTHONHASHSEED"] = "0"
+kv_cache_utils.init_none_hash(sha256)
+if _old_seed is None:
+    del os.environ["PYTHONHASHSEED"]
+else:
+    os.environ["PYTHONHASHSEED"] = _old_seed
+
+
+def create_scheduler(
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 8192,
+    enable_prefix_caching: bool = True,
+    long_prefill_token_threshold: int = 0,
+    num_blocks: int = 10000,
+    block_size: int = 16,
+    max_model_len: int | None = None,
+    enable_chunked_prefill: bool = True,
+    policy: str = "fcfs",
+    scheduler_reserve_full_isl: bool = True,
+) -> Scheduler:
+    if max_model_len is None:
+        max_model_len = max_num_batched_tokens
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        is_encoder_decoder=False,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        enable_chunked_prefill=enable_chunked_prefill,
+        policy=policy,
+        scheduler_reserve_full_isl=scheduler_reserve_full_isl,
+        async_scheduling=False,
+    )
+    model_config = ModelConfig(
+        model=_model_dir, skip_tokenizer_init=True, max_model_len=max_model_len,
+        dtype="float32", seed=0,
+    )
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    vllm_config = VllmConfig(
+        scheduler_config=scheduler_config, model_config=model_config,
+        cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
+    )
+    asked = {
+        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+        "long_prefill_token_threshold": long_prefill_token_threshold,
+        "enable_chunked_prefill": enable_chunked_prefill, "policy": policy,
+        "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
+    }
+    got = {k: getattr(vllm_config.scheduler_config, k) for k in asked}
+    got_cache = (vllm_config.cache_config.block_size, vllm_config.cache_config.enable_prefix_caching)
+    if got != asked or got_cache != (block_size, enable_prefix_caching) or \
+            vllm_config.model_config.max_model_len != max_model_len:
+        raise RuntimeError(f"vllm rewrote the configuration: asked {asked}, got {got}, {got_cache}")
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(
+            ["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
+                                         dtype=torch.float32))],
+    )
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    return Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=block_size,
+        log_stats=True,
+    )
+
+
+def create_requests(
+    num_requests: int,
+    num_tokens: int = 10,
+    max_tokens: int = 16,
+    stop_token_ids: list[int] | None = None,
+    same_prompt: bool = False,
+    block_size: int = 16,
+    req_ids: Sequence[str] | None = None,
+    prompt_token_ids: Sequence[list[int]] | None = None,
+    priorities: Sequence[int] | None = None,
+    arrival_times: Sequence[float] | None = None,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
+) -> list[Request]:
+    block_hasher = kv_cache_utils.get_request_block_hasher(block_size, sha256)
+    requests = []
+    for i in range(num_requests):
+        params = SamplingParams(
+            max_tokens=max_tokens, min_tokens=min_tokens,
+            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
+        )
+        params.update_from_generation_config({}, EOS_TOKEN_ID)
+        if prompt_token_ids is not None:
+            prompt = list(prompt_token_ids[i])
+        else:
+            prompt = [0 if same_prompt else i] * num_tokens
+        requests.append(Request(
+            request_id=req_ids[i] if req_ids is not None else str(i),
+            prompt_token_ids=prompt,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=arrival_times[i] if arrival_times is not None else float(i),
+            priority=priorities[i] if priorities is not None else 0,
+            block_hasher=block_hasher,
+        ))
+    return requests

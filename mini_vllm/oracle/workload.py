@@ -1,0 +1,223 @@
+"""Workloads, a scheduler driver that records traces, and trace comparison.
+
+A *backend* is anything with ``create_scheduler(**config)``,
+``create_requests(...)``, ``ModelRunnerOutput`` and ``RequestStatus`` —
+``mini_vllm.testing`` and ``mini_vllm.oracle.upstream`` both are. The
+driver runs the loop upstream's EngineCore runs (``schedule()`` -> model ->
+``update_from_output()``) with a fake model whose next token depends only on
+(request id, output index), so two schedulers that agree see identical
+tokens, and a trace records every step as JSON-ready data.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import asdict, dataclass, field
+
+# Tokens the fake model emits are >= FIRST_FAKE_TOKEN, so they never collide
+# with stop tokens chosen below it or with the EOS id.
+FIRST_FAKE_TOKEN = 1000
+FAKE_VOCAB = 30000
+
+
+@dataclass
+class RequestSpec:
+    req_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int = 16
+    arrive_step: int = 0
+    priority: int = 0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    # Output index at which the fake model emits EOS / the first stop token.
+    eos_at: int | None = None
+    stop_at: int | None = None
+    # Step (before schedule()) at which the request is aborted.
+    abort_step: int | None = None
+
+
+@dataclass
+class Workload:
+    name: str
+    # Keyword arguments of create_scheduler().
+    config: dict
+    requests: list[RequestSpec]
+    max_steps: int = 20000
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Workload:
+        return cls(
+            name=d["name"],
+            config=dict(d["config"]),
+            requests=[RequestSpec(**r) for r in d["requests"]],
+            max_steps=d.get("max_steps", 20000),
+        )
+
+
+def fake_token(spec: RequestSpec, index: int, eos_token_id: int) -> int:
+    """The fake model's output number ``index`` for this request."""
+    if spec.eos_at is not None and index == spec.eos_at:
+        return eos_token_id
+    if spec.stop_at is not None and index == spec.stop_at and spec.stop_token_ids:
+        return spec.stop_token_ids[0]
+    return FIRST_FAKE_TOKEN + zlib.crc32(f"{spec.req_id}:{index}".encode()) % FAKE_VOCAB
+
+
+def _finish_reason(reason) -> str | None:
+    return None if reason is None else reason.name.lower()
+
+
+def _group0(block_ids) -> list[int] | None:
+    """Block ids of the one KV-cache group, or None if there are none."""
+    return None if block_ids is None else list(block_ids[0])
+
+
+def _outputs(result) -> list:
+    """EngineCoreOutputs (mini) or {client: EngineCoreOutputs} (upstream) -> list."""
+    if isinstance(result, dict):
+        outs = [o for eco in result.values() for o in eco.outputs]
+    else:
+        outs = list(result.outputs)
+    return [
+        [o.request_id, list(o.new_token_ids), _finish_reason(o.finish_reason), o.stop_reason]
+        for o in outs
+    ]
+
+
+def run_workload(backend, workload: Workload, scheduler=None) -> dict:
+    """Run a workload to completion and return its trace.
+
+    ``scheduler`` may be given (built by ``backend.create_scheduler``) to
+    run a specific instance, for example a student's.
+    """
+    sched = scheduler or backend.create_scheduler(**workload.config)
+    block_size = workload.config.get("block_size", 16)
+    eos = backend.EOS_TOKEN_ID
+    specs = {s.req_id: s for s in workload.requests}
+    # Arrival time = position in the workload's list (PRIORITY's tie-break).
+    arrival_time = {s.req_id: float(i) for i, s in enumerate(workload.requests)}
+    arrival_order = sorted(workload.requests, key=lambda s: s.arrive_step)
+    objects = {}
+    steps = []
+    next_arrival = 0
+    step = 0
+    while True:
+        while next_arrival < len(arrival_order) and arrival_order[next_arrival].arrive_step <= step:
+            spec = arrival_order[next_arrival]
+            (request,) = backend.create_requests(
+                1,
+                max_tokens=spec.max_tokens,
+                stop_token_ids=list(spec.stop_token_ids) or None,
+                block_size=block_size,
+                req_ids=[spec.req_id],
+                prompt_token_ids=[spec.prompt_token_ids],
+                priorities=[spec.priority],
+                arrival_times=[arrival_time[spec.req_id]],
+                min_tokens=spec.min_tokens,
+                ignore_eos=spec.ignore_eos,
+            )
+            sched.add_request(request)
+            objects[spec.req_id] = request
+            next_arrival += 1
+        aborts = sorted(s.req_id for s in workload.requests if s.abort_step == step)
+        if aborts:
+            sched.finish_requests(aborts, backend.RequestStatus.FINISHED_ABORTED)
+        if next_arrival == len(arrival_order) and not sched.has_requests():
+            break
+        if step >= workload.max_steps:
+            raise RuntimeError(f"workload {workload.name!r} did not finish in {step} steps")
+
+        out = sched.schedule()
+        record = describe_scheduler_output(out)
+        runner_output = _fake_runner_output(backend, sched, out, specs, eos)
+        result = sched.update_from_output(out, runner_output)
+        record["outputs"] = _outputs(result)
+        record["free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        steps.append(record)
+        step += 1
+
+    final = {
+        req_id: {
+            "status": objects[req_id].status.name,
+            "output_token_ids": list(objects[req_id].output_token_ids),
+            "num_preemptions": objects[req_id].num_preemptions,
+        }
+        for req_id in sorted(objects)
+    }
+    return {"steps": steps, "final": final}
+
+
+def _fake_runner_output(backend, sched, out, specs, eos):
+    req_ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for req_id in req_ids:
+        request = sched.requests[req_id]
+        if request.num_computed_tokens >= request.num_tokens:
+            sampled.append([fake_token(specs[req_id], request.num_output_tokens, eos)])
+        else:
+            sampled.append([])
+    return backend.ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+    )
+
+
+def describe_scheduler_output(out) -> dict:
+    """The parts of a SchedulerOutput that mini_vllm must reproduce exactly."""
+    cached = out.scheduled_cached_reqs
+    return {
+        "scheduled": [[r, n] for r, n in out.num_scheduled_tokens.items()],
+        "new": [[d.req_id, _group0(d.block_ids), d.num_computed_tokens]
+                for d in out.scheduled_new_reqs],
+        "cached": [
+            [r, _group0(b), c, o]
+            for r, b, c, o in zip(cached.req_ids, cached.new_block_ids,
+                                  cached.num_computed_tokens, cached.num_output_tokens)
+        ],
+        "resumed": sorted(cached.resumed_req_ids),
+        "resent_all_tokens": sorted(cached.all_token_ids),
+        "preempted": sorted(out.preempted_req_ids or ()),
+        "finished": sorted(out.finished_req_ids),
+        "common_prefix_blocks": list(out.num_common_prefix_blocks),
+    }
+
+
+FIELD_WORDS = {
+    "scheduled": "tokens scheduled per request (in scheduling order)",
+    "new": "new requests (id, block ids, computed tokens)",
+    "cached": "cached requests (id, new block ids, computed tokens, output tokens)",
+    "resumed": "resumed request ids",
+    "resent_all_tokens": "requests whose whole token list was resent",
+    "preempted": "preempted request ids",
+    "finished": "finished request ids reported to the workers",
+    "common_prefix_blocks": "number of common prefix blocks",
+    "outputs": "update_from_output results (id, new tokens, finish reason, stop reason)",
+    "free_blocks": "free KV blocks after the step",
+}
+
+
+def first_difference(expected: dict, got: dict) -> str | None:
+    """None if the traces agree, else a sentence naming the first step and
+    field that differ (``expected`` is the upstream side)."""
+    for i, (e, g) in enumerate(zip(expected["steps"], got["steps"])):
+        for key in FIELD_WORDS:
+            if e.get(key) != g.get(key):
+                return (
+                    f"step {i}: {FIELD_WORDS[key]} differ.\n"
+                    f"  upstream : {e.get(key)}\n  mini_vllm: {g.get(key)}"
+                )
+    ne, ng = len(expected["steps"]), len(got["steps"])
+    if ne != ng:
+        return f"upstream took {ne} steps but mini_vllm took {ng}."
+    for req_id, e in expected["final"].items():
+        g = got["final"].get(req_id)
+        if e != g:
+            return f"final state of request {req_id!r} differs: upstream {e}, mini_vllm {g}."
+    if set(expected["final"]) != set(got["final"]):
+        return "the two runs saw different request ids."
+    return None

@@ -1,0 +1,152 @@
+"""A request and its lifecycle states.
+
+Mirrors upstream ``vllm/v1/request.py`` at v0.22.1 (``Request`` at :49,
+``RequestStatus`` at :315). Left out: pooling, multimodal inputs, LoRA,
+structured output, streaming sessions, async-scheduling placeholders,
+speculative tokens (``spec_token_ids`` is kept, always empty, so that
+``num_tokens_with_spec`` reads as upstream's does).
+
+Invariants kept:
+- ``num_tokens == num_prompt_tokens + num_output_tokens``;
+- ``0 <= num_computed_tokens <= num_tokens`` between steps;
+- ``block_hashes`` always holds one hash per *full* block of
+  ``all_token_ids`` (recomputed incrementally as tokens are appended);
+- the enum order is the logic: every status after ``PREEMPTED`` is finished.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mini_vllm.engine import FinishReason
+from mini_vllm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from mini_vllm.core.kv_cache_utils import BlockHash
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        block_hasher: Callable[[Request], list[BlockHash]] | None = None,
+    ) -> None:
+        if sampling_params is None:
+            raise ValueError("sampling_params must be set")
+        self.request_id = request_id
+        self.priority = priority
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time if arrival_time is not None else time.time()
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        assert sampling_params.max_tokens is not None
+        self.max_tokens = sampling_params.max_tokens
+
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self._output_token_ids: list[int] = []
+        self._all_token_ids: list[int] = self.prompt_token_ids.copy()
+        self.spec_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        # True while the last schedule() left part of the prompt uncomputed.
+        self.is_prefill_chunk = False
+        self.num_preemptions = 0
+        # Upstream exposes read-only views (ConstantList); tuples would copy on
+        # every access, so mini_vllm hands out the lists and trusts callers.
+        self.output_token_ids = self._output_token_ids
+        self.all_token_ids = self._all_token_ids
+
+        self.block_hashes: list[BlockHash] = []
+        self._block_hasher = block_hasher
+        self.update_block_hashes()
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        if isinstance(token_ids, int):
+            self._output_token_ids.append(token_ids)
+            self._all_token_ids.append(token_ids)
+        else:
+            self._output_token_ids.extend(token_ids)
+            self._all_token_ids.extend(token_ids)
+        self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        """Hash any block that became full since the last call."""
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self._all_token_ids) + len(self.spec_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def get_finished_reason(self) -> FinishReason | None:
+        return RequestStatus.get_finished_reason(self.status)
+
+    def __lt__(self, other: Request) -> bool:
+        """Order used by the PRIORITY queue: priority, arrival, then id."""
+        if self.priority != other.priority:
+            return self.priority < other.priority
+        if self.arrival_time != other.arrival_time:
+            return self.arrival_time < other.arrival_time
+        if self.request_id != other.request_id:
+            return self.request_id < other.request_id
+        return id(self) < id(other)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life. Order matters: see ``is_finished``.
+
+    Upstream also has WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+    WAITING_FOR_REMOTE_KVS and WAITING_FOR_STREAMING_REQ between WAITING and
+    RUNNING, and FINISHED_IGNORED/ERROR/REPETITION at the end; mini_vllm has
+    none of the features that produce them.
+    """
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    # Everything below PREEMPTED is a finished status.
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def get_finished_reason(status: RequestStatus) -> FinishReason | None:
+        return _FINISHED_REASON_MAP.get(status)
+
+
+_FINISHED_REASON_MAP = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+}

@@ -1,0 +1,120 @@
+"""Helpers to build and drive a mini_vllm Scheduler without a model.
+
+The keyword names follow upstream's test helpers (tests/v1/core/utils.py:
+``create_scheduler``, ``create_requests``), and ``mini_vllm.oracle.upstream``
+offers the same three functions for the pinned upstream, so one workload
+script drives either. Labs and notebooks use this module too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from mini_vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
+from mini_vllm.core.sched.scheduler import Scheduler
+from mini_vllm.outputs import ModelRunnerOutput
+from mini_vllm.request import Request, RequestStatus
+from mini_vllm.sampling_params import SamplingParams
+
+EOS_TOKEN_ID = 50256  # the id upstream's scheduler tests use
+
+__all__ = ["EOS_TOKEN_ID", "RequestStatus", "create_scheduler", "create_requests",
+           "make_model_runner_output", "ModelRunnerOutput"]
+
+
+def create_scheduler(
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 8192,
+    enable_prefix_caching: bool = True,
+    long_prefill_token_threshold: int = 0,
+    num_blocks: int = 10000,
+    block_size: int = 16,
+    max_model_len: int | None = None,
+    enable_chunked_prefill: bool = True,
+    policy: str = "fcfs",
+    scheduler_reserve_full_isl: bool = True,
+    scheduler_cls: type | None = None,
+) -> Scheduler:
+    """A scheduler over ``num_blocks`` KV blocks (block 0 is the null block)."""
+    if max_model_len is None:
+        max_model_len = max_num_batched_tokens
+    vllm_config = VllmConfig(
+        model_config=ModelConfig(max_model_len=max_model_len),
+        cache_config=CacheConfig(
+            block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            num_gpu_blocks=num_blocks,
+        ),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            policy=policy,
+            scheduler_reserve_full_isl=scheduler_reserve_full_isl,
+        ),
+    )
+    return (scheduler_cls or Scheduler)(vllm_config, log_stats=True)
+
+
+def create_requests(
+    num_requests: int,
+    num_tokens: int = 10,
+    max_tokens: int = 16,
+    stop_token_ids: list[int] | None = None,
+    same_prompt: bool = False,
+    block_size: int = 16,
+    req_ids: Sequence[str] | None = None,
+    prompt_token_ids: Sequence[list[int]] | None = None,
+    priorities: Sequence[int] | None = None,
+    arrival_times: Sequence[float] | None = None,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
+) -> list[Request]:
+    """Requests whose prompts are ``[i] * num_tokens`` (or ``[0] * ...`` with
+    ``same_prompt``) unless ``prompt_token_ids`` gives them; EOS is
+    ``EOS_TOKEN_ID`` unless ``ignore_eos``."""
+    block_hasher = get_request_block_hasher(block_size, sha256)
+    requests = []
+    for i in range(num_requests):
+        params = SamplingParams(
+            max_tokens=max_tokens, min_tokens=min_tokens,
+            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
+        )
+        params.update_from_generation_config({}, EOS_TOKEN_ID)
+        if prompt_token_ids is not None:
+            prompt = list(prompt_token_ids[i])
+        else:
+            prompt = [0 if same_prompt else i] * num_tokens
+        requests.append(Request(
+            request_id=req_ids[i] if req_ids is not None else str(i),
+            prompt_token_ids=prompt,
+            sampling_params=params,
+            arrival_time=arrival_times[i] if arrival_times is not None else float(i),
+            priority=priorities[i] if priorities is not None else 0,
+            block_hasher=block_hasher,
+        ))
+    return requests
+
+
+def make_model_runner_output(
+    scheduler, scheduler_output, next_token: Callable[[object], int], output_cls=ModelRunnerOutput
+):
+    """What a model runner would return, with ``next_token(request)`` as the model.
+
+    A request samples only if, after ``schedule()``, every one of its tokens
+    is computed; one still mid-prefill gets ``[]``. Works for upstream's
+    scheduler too (pass upstream's ``ModelRunnerOutput`` as ``output_cls``).
+    """
+    req_ids = list(scheduler_output.num_scheduled_tokens)
+    sampled = []
+    for req_id in req_ids:
+        request = scheduler.requests[req_id]
+        done = request.num_computed_tokens >= request.num_tokens
+        sampled.append([next_token(request)] if done else [])
+    return output_cls(
+        req_ids=req_ids,
+        req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+    )
