@@ -19,7 +19,6 @@ help:
 # torch is installed first, pinned, so that nothing later can pull a CUDA build.
 $(SETUP_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e '.[dev]'
 	touch $@

@@ -3,7 +3,8 @@
 Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 (config/scheduler.py; validation in ``verify_max_model_len`` at :259),
 ``CacheConfig`` (config/cache.py) and ``VllmConfig`` (config/vllm.py).
-Defaults are upstream's. Left out: parallelism, LoRA, speculative decoding,
+Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len`` and the model path.
+Left out: parallelism, LoRA, speculative decoding,
 KV transfer, compilation, observability, partial-prefill limits.
 """
 

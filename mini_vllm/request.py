@@ -1,6 +1,6 @@
 """A request and its lifecycle states.
 
-Mirrors upstream ``vllm/v1/request.py`` at v0.22.1 (``Request`` at :49,
+Mirrors upstream ``vllm/v1/request.py`` at v0.22.1 (``Request`` at :59,
 ``RequestStatus`` at :315). Left out: pooling, multimodal inputs, LoRA,
 structured output, streaming sessions, async-scheduling placeholders,
 speculative tokens (``spec_token_ids`` is kept, always empty, so that
@@ -46,7 +46,10 @@ class Request:
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
-        assert sampling_params.max_tokens is not None
+        if sampling_params.max_tokens is None:
+            # Upstream's engine fills it (max_model_len - prompt length)
+            # before it builds the Request; so must whoever builds one here.
+            raise ValueError("sampling_params.max_tokens must be set before building a Request")
         self.max_tokens = sampling_params.max_tokens
 
         self.prompt_token_ids = list(prompt_token_ids)

@@ -1,6 +1,6 @@
 """Sampling parameters of one request.
 
-Mirrors upstream ``vllm/sampling_params.py`` (class ``SamplingParams``) at
+Mirrors upstream ``vllm/sampling_params.py`` (class ``SamplingParams``, :168) at
 v0.22.1: the same field names, defaults and validation messages for the
 fields mini_vllm supports. Left out: ``n > 1``, penalties, ``min_p``, stop
 strings, bad words, logit bias, structured outputs, prompt logprobs.

@@ -74,7 +74,8 @@ def create_requests(
 ) -> list[Request]:
     """Requests whose prompts are ``[i] * num_tokens`` (or ``[0] * ...`` with
     ``same_prompt``) unless ``prompt_token_ids`` gives them; EOS is
-    ``EOS_TOKEN_ID`` unless ``ignore_eos``."""
+    ``EOS_TOKEN_ID`` unless ``ignore_eos``. ``block_size`` must equal the
+    scheduler's: it sets how the requests hash their blocks."""
     block_hasher = get_request_block_hasher(block_size, sha256)
     requests = []
     for i in range(num_requests):

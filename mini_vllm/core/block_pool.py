@@ -1,7 +1,7 @@
 """The pool of KV-cache blocks: allocate, free, touch, and the prefix cache.
 
 Mirrors upstream ``vllm/v1/core/block_pool.py`` at v0.22.1 (``BlockPool`` at
-:136, ``BlockHashToBlockMap`` at :33). Left out: KV events, metrics
+:130, ``BlockHashToBlockMap`` at :34). Left out: KV events, metrics
 collector, group ids in hash keys, ``evict_blocks`` for connectors.
 
 Invariants kept:

@@ -1,12 +1,13 @@
 """The scheduler's only window onto KV-cache memory.
 
 Mirrors upstream ``vllm/v1/core/kv_cache_manager.py`` at v0.22.1
-(``KVCacheBlocks`` at :24, ``KVCacheManager`` at :121,
-``get_computed_blocks`` at :197, ``allocate_slots`` at :235, ``free`` at
-:406) together with the two layers upstream puts beneath it for a model with
+(``KVCacheBlocks`` at :26, ``KVCacheManager`` at :110,
+``get_computed_blocks`` at :194, ``allocate_slots`` at :236, ``free`` at
+:429) together with the two layers upstream puts beneath it for a model with
 one full-attention KV-cache group: ``UnitaryKVCacheCoordinator``
-(kv_cache_coordinator.py:324) and ``FullAttentionManager``
-(single_type_kv_cache_manager.py:31 and :481). mini_vllm folds those into
+(kv_cache_coordinator.py:324) and ``SingleTypeKVCacheManager``
+(single_type_kv_cache_manager.py:31) through its subclass
+``FullAttentionManager`` (single_type_kv_cache_manager.py:481). mini_vllm folds those into
 this one class because it only ever has one group of full attention.
 Left out: sliding-window/Mamba/cross-attention managers, KV connectors and
 external tokens, EAGLE's dropped last block, KV events.

@@ -1,7 +1,7 @@
 """What EngineCore hands back to the front end after each step.
 
-Mirrors upstream ``vllm/v1/engine/__init__.py`` at v0.22.1 (``FinishReason``,
-``EngineCoreOutput``, ``EngineCoreOutputs``). Left out: msgspec
+Mirrors upstream ``vllm/v1/engine/__init__.py`` at v0.22.1 (``FinishReason``
+:42, ``EngineCoreOutput`` :168, ``EngineCoreOutputs`` :213). Left out: msgspec
 serialization, events, logprob tensors, KV-transfer and pooling fields, and
 the per-client dict (mini_vllm has one client).
 """
@@ -44,4 +44,3 @@ class EngineCoreOutput:
 class EngineCoreOutputs:
     outputs: list[EngineCoreOutput] = field(default_factory=list)
     scheduler_stats: SchedulerStats | None = None
-    finished_requests: set[str] | None = None

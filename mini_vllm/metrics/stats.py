@@ -1,7 +1,7 @@
 """Scheduler and prefix-cache statistics.
 
 Mirrors upstream ``vllm/v1/metrics/stats.py`` at v0.22.1
-(``PrefixCacheStats`` at :115, ``SchedulerStats``). Left out: spec-decode,
+(``PrefixCacheStats`` at :115, ``SchedulerStats`` at :171). Left out: spec-decode,
 connector, CUDA-graph and MFU stats, Prometheus export.
 """
 

@@ -1,7 +1,7 @@
 """What the scheduler hands the model runner each step.
 
 Mirrors upstream ``vllm/v1/core/sched/output.py`` at v0.22.1
-(``NewRequestData`` :25, ``CachedRequestData`` :106, ``SchedulerOutput``
+(``NewRequestData`` :31, ``CachedRequestData`` :112, ``SchedulerOutput``
 :181). Left out: multimodal, LoRA, pooling, spec-decode, connector and
 grammar fields.
 

@@ -1,8 +1,8 @@
 """Waiting queues for the two scheduling policies.
 
 Mirrors upstream ``vllm/v1/core/sched/request_queue.py`` at v0.22.1
-(``SchedulingPolicy`` :14, ``FCFSRequestQueue`` :78, ``PriorityRequestQueue``
-:129, ``create_request_queue`` :200). Left out: the abstract base class
+(``SchedulingPolicy`` :13, ``FCFSRequestQueue`` :75, ``PriorityRequestQueue``
+:131, ``create_request_queue`` :201). Left out: the abstract base class
 (duck typing is enough here).
 
 Invariants kept:

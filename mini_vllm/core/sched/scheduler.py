@@ -19,6 +19,8 @@ Deliberate differences from upstream (all listed in UPSTREAM_PIN.md):
 - ``add_request`` rejects duplicate ids, empty prompts and prompts that
   cannot fit ``max_model_len`` with ``ValueError`` (upstream checks prompts in
   the engine's InputProcessor and asserts on duplicates);
+- ``add_request`` also rejects ``len(prompt) + min_tokens > max_model_len``,
+  which upstream accepts and then never finishes (see UPSTREAM_PIN.md);
 - the constructor rejects a KV cache that cannot hold one
   ``max_model_len`` request (upstream checks at engine start-up);
 - ``update_from_output`` returns one ``EngineCoreOutputs`` (one client).
@@ -369,6 +371,15 @@ class Scheduler:
                 f"{request.num_prompt_tokens}) leaves no room for an output token within "
                 f"max_model_len={self.max_model_len}; prompts must be shorter than "
                 "max_model_len."
+            )
+        if request.num_prompt_tokens + request.sampling_params.min_tokens > self.max_model_len:
+            # Upstream accepts this and then livelocks: check_stop ignores
+            # max_model_len until min_tokens is met, while the clamp in
+            # schedule() lets no token past max_model_len - 1.
+            raise ValueError(
+                f"Request {request.request_id!r}: prompt length {request.num_prompt_tokens} "
+                f"+ min_tokens {request.sampling_params.min_tokens} exceeds "
+                f"max_model_len={self.max_model_len}, so min_tokens could never be met."
             )
         if request.status != RequestStatus.WAITING:
             raise ValueError(f"Request {request.request_id!r} is {request.status}, not WAITING.")

@@ -1,7 +1,7 @@
 """Stop-condition check and a list helper used by the scheduler.
 
 Mirrors upstream ``vllm/v1/core/sched/utils.py`` at v0.22.1 (``check_stop``
-:100, ``remove_all`` :66). Left out: repetition detection, pooling.
+:94, ``remove_all`` :62). Left out: repetition detection, pooling.
 
 Order of checks (it decides the finish reason when several apply):
 min_tokens not reached -> keep going; EOS -> stopped; a stop token ->

@@ -1,0 +1,59 @@
+"""Test-suite wiring: markers, the upstream requirement, and a closing summary.
+
+- ``upstream`` tests drive the pinned vLLM. Without it they are skipped
+  (visibly, with the reason), unless MINI_VLLM_REQUIRE_UPSTREAM is set, as
+  `make test` and CI do: then a missing pin is an error, never a silent skip.
+- ``gpu`` tests need CUDA and are skipped, visibly, where there is none.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+HAVE_UPSTREAM = importlib.util.find_spec("vllm") is not None
+
+
+def _have_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    config.mini_vllm_counts = {}
+    if not HAVE_UPSTREAM and os.environ.get("MINI_VLLM_REQUIRE_UPSTREAM"):
+        raise pytest.UsageError(
+            "MINI_VLLM_REQUIRE_UPSTREAM is set but vllm is not installed: run `make upstream`."
+        )
+
+
+def pytest_collection_modifyitems(config, items):
+    no_upstream = pytest.mark.skip(reason="pinned upstream vllm 0.22.1 not installed (make upstream)")
+    no_cuda = pytest.mark.skip(reason="no CUDA device on this machine")
+    have_cuda = None
+    for item in items:
+        if "upstream" in item.keywords and not HAVE_UPSTREAM:
+            item.add_marker(no_upstream)
+        if "gpu" in item.keywords:
+            if have_cuda is None:
+                have_cuda = _have_cuda()
+            if not have_cuda:
+                item.add_marker(no_cuda)
+
+
+@pytest.fixture(scope="session")
+def counts(pytestconfig) -> dict:
+    """A session-wide dict of counters printed at the end of the run."""
+    return pytestconfig.mini_vllm_counts
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if config.mini_vllm_counts:
+        terminalreporter.section("mini_vllm counters")
+        for key, value in sorted(config.mini_vllm_counts.items()):
+            terminalreporter.write_line(f"{key}: {value}")
