@@ -33,11 +33,11 @@ model:
 setup: $(SETUP_STAMP)
 
 # vllm's metadata pins a CUDA torch: install it with --no-deps, its pure-Python
-# import-path dependencies from requirements/upstream.txt, and re-assert the
+# import-path dependencies from tests/upstream/requirements.txt, and re-assert the
 # project's own pins (torch 2.13.0, transformers) in the same resolve.
-$(UPSTREAM_STAMP): $(SETUP_STAMP) requirements/upstream.txt requirements/upstream-nodeps.txt
-	$(BIN)/pip install -e . -r requirements/upstream.txt
-	$(BIN)/pip install --no-deps -r requirements/upstream-nodeps.txt
+$(UPSTREAM_STAMP): $(SETUP_STAMP) tests/upstream/requirements.txt tests/upstream/requirements-nodeps.txt
+	$(BIN)/pip install -e . -r tests/upstream/requirements.txt
+	$(BIN)/pip install --no-deps -r tests/upstream/requirements-nodeps.txt
 	$(BIN)/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__; assert vllm.__version__ == '0.22.1', vllm.__version__"
 	touch $@
 

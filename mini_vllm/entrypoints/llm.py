@@ -17,6 +17,8 @@ import itertools
 import time
 from collections.abc import Sequence
 
+import torch
+
 from mini_vllm.config import (AttentionConfig, CacheConfig, DeviceConfig, ModelConfig,
                               SchedulerConfig, VllmConfig)
 from mini_vllm.engine.llm_engine import LLMEngine, resolve_device, resolve_dtype
@@ -26,13 +28,25 @@ from mini_vllm.sampling_params import SamplingParams
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
 
 
+def default_batch_limits(device) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) for offline use, as upstream's
+    EngineArgs picks them for the LLM class (vllm/engine/arg_utils.py:2311)."""
+    if device.type == "cpu":
+        return 4096, 256
+    total = torch.cuda.get_device_properties(device).total_memory
+    name = torch.cuda.get_device_name(device).lower()
+    if total >= 70 * 2**30 and "a100" not in name:
+        return 16384, 1024
+    return 8192, 256
+
+
 class LLM:
     def __init__(
         self,
         model: str,
         *,
         max_model_len: int | None = None,
-        max_num_seqs: int = 128,
+        max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = True,
@@ -54,10 +68,14 @@ class LLM:
         loaded = load_model(model, device=torch_device, dtype=resolve_dtype(dtype, torch_device))
         if max_model_len is None:
             max_model_len = int(loaded.hf_config.max_position_embeddings)
+        default_tokens, default_seqs = default_batch_limits(torch_device)
+        if max_num_seqs is None:
+            max_num_seqs = default_seqs
         if max_num_batched_tokens is None:
-            # Upstream's default for offline use with chunked prefill.
-            max_num_batched_tokens = max(8192, max_num_seqs) if enable_chunked_prefill \
-                else max(max_model_len, max_num_seqs)
+            max_num_batched_tokens = default_tokens
+            if not enable_chunked_prefill:
+                max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
+            max_num_batched_tokens = max(max_num_batched_tokens, max_num_seqs)
         if (kv_cache_memory_bytes is None and num_gpu_blocks_override is None
                 and torch_device.type == "cpu"):
             kv_cache_memory_bytes = CPU_DEFAULT_KV_CACHE_BYTES

@@ -330,7 +330,7 @@ def test_doc_states_the_full_commit_and_version():
     # The doc's version and commit agree with what this test pins.
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
     assert f"vllm.__version__ == '{PIN_VERSION}'" in makefile
-    nodeps = (REPO_ROOT / "requirements" / "upstream-nodeps.txt").read_text(encoding="utf-8")
+    nodeps = (REPO_ROOT / "tests" / "upstream" / "requirements-nodeps.txt").read_text(encoding="utf-8")
     assert f"vllm=={PIN_VERSION}" in nodeps.split()
 
 
