@@ -48,6 +48,8 @@ class Sampler:
 
     @staticmethod
     def apply_min_tokens(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        if metadata.min_tokens_blocked:
+            logits = logits.clone()  # never write into the caller's tensor
         for row, token_ids in metadata.min_tokens_blocked.items():
             logits[row, token_ids] = float("-inf")
         return logits
@@ -74,7 +76,8 @@ class Sampler:
     def gather_logprobs(logprobs: torch.Tensor, num: int, sampled: torch.Tensor):
         top_vals, top_ids = logprobs.topk(max(num, 0), dim=-1) if num > 0 else (None, None)
         chosen = logprobs.gather(1, sampled.unsqueeze(1)).squeeze(1)
-        ranks = (logprobs > chosen.unsqueeze(1)).sum(dim=-1) + 1
+        # As upstream: the rank counts every token at least as likely, itself included.
+        ranks = (logprobs >= chosen.unsqueeze(1)).sum(dim=-1)
         result = []
         for row in range(logprobs.shape[0]):
             ids = [int(sampled[row])]

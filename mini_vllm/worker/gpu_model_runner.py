@@ -54,6 +54,11 @@ class CachedRequestState:
         return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
 
 
+def _num_logprobs(params: SamplingParams, vocab_size: int) -> int:
+    """How many top logprobs a request wants besides its sampled token."""
+    return vocab_size if params.logprobs == -1 else params.logprobs
+
+
 class GPUModelRunner:
     def __init__(self, model: torch.nn.Module, block_size: int, device: torch.device) -> None:
         self.model = model
@@ -141,7 +146,8 @@ class GPUModelRunner:
         return (req_ids, torch.tensor(input_ids, dtype=torch.int64, device=dev),
                 torch.from_numpy(pos).to(dev), metadata, sample_rows, logits_indices)
 
-    def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
+    def _sampling_metadata(self, states: list[CachedRequestState],
+                           vocab_size: int) -> SamplingMetadata:
         dev = self.device
         params = [s.sampling_params for s in states]
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
@@ -157,7 +163,8 @@ class GPUModelRunner:
             for row, (p, s) in enumerate(zip(params, states))
             if len(s.output_token_ids) < p.min_tokens and p.all_stop_token_ids
         }
-        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        # logprobs=-1 means the whole vocabulary (upstream gpu_input_batch.py:416).
+        wanted = [_num_logprobs(p, vocab_size) for p in params if p.logprobs is not None]
         return SamplingMetadata(
             temperature=temperature, all_greedy=all_greedy, top_k=top_k, top_p=top_p,
             generators=[s.generator for s in states],
@@ -185,15 +192,21 @@ class GPUModelRunner:
         if sample_rows:
             logits = self.model.compute_logits(hidden_states[logits_indices])
             states = [self.requests[req_ids[i]] for i in sample_rows]
-            out = self.sampler(logits, self._sampling_metadata(states))
+            out = self.sampler(logits, self._sampling_metadata(states, logits.shape[-1]))
             tokens = out.sampled_token_ids.tolist()
             if out.logprobs is not None:
                 logprobs_lists = [None] * len(req_ids)
             for k, row in enumerate(sample_rows):
                 states[k].output_token_ids.append(tokens[k])
                 sampled_lists[row] = [tokens[k]]
-                if logprobs_lists is not None:
-                    logprobs_lists[row] = [out.logprobs[k]]
+                num = states[k].sampling_params.logprobs
+                if logprobs_lists is not None and num is not None:
+                    # The sampler gathers the batch's largest top-n; each
+                    # request keeps its sampled token and its own top-n
+                    # (upstream trims the same way, logprobs.py:189).
+                    ids, vals, rank = out.logprobs[k]
+                    keep = _num_logprobs(states[k].sampling_params, logits.shape[-1]) + 1
+                    logprobs_lists[row] = [(ids[:keep], vals[:keep], rank)]
         self.forward_time += time.perf_counter() - start
         for req_id in req_ids:
             state = self.requests[req_id]
