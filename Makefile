@@ -15,7 +15,7 @@ help:
 	@echo "make test-fast  tests that do not need the pinned upstream"
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
 	@echo "make snapshots  re-record the upstream snapshots the tests compare against"
-	@echo "make bench      time mini_vllm's scheduler loop against upstream's"
+	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers"
 
 # torch is installed first, pinned, so that nothing later can pull a CUDA build.
 $(SETUP_STAMP): pyproject.toml
@@ -61,6 +61,7 @@ snapshots: upstream
 
 bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.scheduler
+	$(BIN)/python -m mini_vllm.benchmarks.throughput
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
