@@ -80,3 +80,21 @@ def test_cli_generates_and_reports_throughput(capsys):
 def test_cli_reports_a_bad_model_path_without_a_traceback(capsys, tmp_path):
     assert cli.main(["--model", str(tmp_path / "missing"), "--no-progress"]) == 2
     assert "mini-vllm: error:" in capsys.readouterr().err
+
+
+def test_triton_on_cpu_after_triton_was_imported_is_a_clear_error(tiny):
+    """Triton's interpreter must be switched on before triton is imported; an
+    engine asked for it too late says so instead of crashing in a kernel."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import triton\n"
+            "from mini_vllm.entrypoints.llm import LLM\n"
+            f"LLM({tiny!r}, max_model_len=64, kv_cache_memory_bytes=8 << 20,\n"
+            "    attention_backend='triton', device='cpu')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode != 0
+    assert "set TRITON_INTERPRET=1" in result.stderr

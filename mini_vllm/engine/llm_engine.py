@@ -13,6 +13,7 @@ OutputProcessor (detokenize, metrics, RequestOutput).
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -55,8 +56,16 @@ class LLMEngine:
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" else "torch"
         if backend == "triton" and self.device.type == "cpu":
-            # Triton has no CPU target: its interpreter runs the kernels.
-            os.environ.setdefault("TRITON_INTERPRET", "1")
+            # Triton has no CPU target: its interpreter runs the kernels. The
+            # switch is read when triton is first imported (its own library
+            # functions are decorated then), so it cannot be flipped later.
+            if os.environ.get("TRITON_INTERPRET") != "1":
+                if "triton" in sys.modules:
+                    raise ValueError(
+                        "The Triton backend on a CPU needs Triton's interpreter, which must be "
+                        "switched on before triton is imported: set TRITON_INTERPRET=1 in the "
+                        "environment (the mini-vllm CLI does this itself).")
+                os.environ["TRITON_INTERPRET"] = "1"
         self.attention_backend = backend
 
         torch.manual_seed(model_config.seed)

@@ -12,6 +12,7 @@ With no ``--model`` it uses SmolLM2-135M-Instruct, which ships inside the
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -51,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.attention_backend == "triton" and "TRITON_INTERPRET" not in os.environ:
+        import torch  # does not import triton yet
+
+        if args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available()):
+            os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
     from mini_vllm.entrypoints.llm import LLM
     from mini_vllm.model_executor.model_loader import smollm2_gguf_path
     from mini_vllm.sampling_params import SamplingParams
