@@ -78,3 +78,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("mini_vllm counters")
         for key, value in sorted(config.mini_vllm_counts.items()):
             terminalreporter.write_line(f"{key}: {value}")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    """(folder, transformers model) of the tiny seeded Qwen3 checkpoint (fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny_qwen3")
+    make_tiny_model(folder, arch="qwen3", seed=0)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    hf.eval()
+    return str(folder), hf

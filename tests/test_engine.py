@@ -16,7 +16,6 @@ from transformers import AutoModelForCausalLM
 
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
-from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
 from mini_vllm.sampling_params import SamplingParams
 
 PROMPTS = [
@@ -51,15 +50,6 @@ def smollm2():
                                               torch_dtype=torch.float32)
     hf.eval()
     return str(path), hf
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_qwen3")
-    make_tiny_model(folder, arch="qwen3", seed=0)
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32)
-    hf.eval()
-    return str(folder), hf
 
 
 def _token_prompts(llm: LLM, texts=PROMPTS) -> list[list[int]]:

@@ -11,25 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from mini_vllm.engine.detokenizer import IncrementalDetokenizer
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
-from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
 from mini_vllm.sampling_params import SamplingParams
 
 VOCAB = 512  # the tiny model's
 EOS = 2  # tiny_config's eos_token_id
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_qwen3_sampling")
-    make_tiny_model(folder, arch="qwen3", seed=0)
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    hf.eval()
-    return str(folder), hf
 
 
 @pytest.fixture(scope="module")

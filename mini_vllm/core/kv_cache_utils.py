@@ -37,16 +37,14 @@ def sha256(obj: Any) -> bytes:
     return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-NONE_HASH: BlockHash
+# The hash every chain starts from (the "parent" of block 0).
+NONE_HASH = BlockHash(sha256("0"))
 
 
 def init_none_hash(hash_fn: Callable[[Any], bytes], seed: str = "0") -> None:
-    """Set the hash every chain starts from (the 'parent' of block 0)."""
+    """Re-seed the chain (for example with another hash function)."""
     global NONE_HASH
     NONE_HASH = BlockHash(hash_fn(seed))
-
-
-init_none_hash(sha256)
 
 
 class KVCacheBlock:

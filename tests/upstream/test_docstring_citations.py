@@ -11,7 +11,6 @@ The quoted line must hold ``class Name`` or ``def name(``; a quote of
 
 from __future__ import annotations
 
-import ast
 import importlib
 import pkgutil
 import re
