@@ -18,29 +18,10 @@ from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.sampling_params import SamplingParams
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-    "1, 2, 3, 4,",
-    "The three primary colors are",
-    "Water boils at",
-    "A haiku about autumn leaves:\n",
-    "In computer science, a linked list is a data structure that",
-    "Hi",
-]
+from hf_reference import PROMPTS, hf_greedy
 
 
-@torch.no_grad()
-def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
-    out = model(torch.tensor([prompt_ids]), use_cache=True)
-    past, tokens = out.past_key_values, []
-    for _ in range(n):
-        tok = int(out.logits[0, -1].argmax())
-        tokens.append(tok)
-        out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
-        past = out.past_key_values
-    return tokens
+
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +94,8 @@ def test_shared_prefix_hits_the_cache_and_matches_transformers(model):
 
 def test_preemption_leaves_outputs_unchanged(model):
     path, hf = model
-    llm_probe = LLM(path, max_model_len=96, num_gpu_blocks_override=8, block_size=16)
-    llm = llm_probe
+    # 7 usable blocks of 16 tokens for four 40-token prompts that grow by 24.
+    llm = LLM(path, max_model_len=96, num_gpu_blocks_override=8, block_size=16)
     prompts = [p[:40] for p in _token_prompts(llm)[:4]]
     run_and_compare(llm, hf, prompts, n=24)
     assert llm.llm_engine.get_stats()["num_preemptions"] > 0, "the cache was meant to be too small"

@@ -39,6 +39,8 @@ from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
 from mini_vllm.sampling_params import SamplingParams
 
+from hf_reference import PROMPTS, hf_greedy
+
 IMPLS = {"torch": TorchAttentionImpl, "triton": TritonAttentionImpl}
 
 
@@ -50,17 +52,6 @@ def token_ids(outputs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
-@torch.no_grad()
-def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
-    device = next(model.parameters()).device
-    out = model(torch.tensor([prompt_ids], device=device), use_cache=True)
-    past, tokens = out.past_key_values, []
-    for _ in range(n):
-        tok = int(out.logits[0, -1].argmax())
-        tokens.append(tok)
-        out = model(torch.tensor([[tok]], device=device), past_key_values=past, use_cache=True)
-        past = out.past_key_values
-    return tokens
 
 
 # ------------------------------------------------- CPU: tiny models, interpreted
@@ -107,17 +98,7 @@ def test_tiny_triton_backend_matches_torch_backend(tiny):
 
 # ------------------------------------------------------- GPU: SmolLM2, compiled
 
-GPU_PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-    "1, 2, 3, 4,",
-    "The three primary colors are",
-    "Water boils at",
-    "A haiku about autumn leaves:\n",
-    "In computer science, a linked list is a data structure that",
-    "Hi",
-]
+GPU_PROMPTS = PROMPTS
 GPU_N = 12
 # bfloat16 logits of SmolLM2 carry ~1e-2 of rounding noise; two tokens whose
 # log-probabilities are closer than this may swap between backends.

@@ -17,6 +17,8 @@ from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.sampling_params import SamplingParams
 
+from hf_reference import hf_greedy
+
 VOCAB = 512  # the tiny model's
 EOS = 2  # tiny_config's eos_token_id
 
@@ -37,12 +39,6 @@ def generate(llm: LLM, prompts: list[list[int]], params) -> list:
     return [o.outputs[0] for o in outs]
 
 
-@torch.no_grad()
-def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 @torch.no_grad()
