@@ -16,6 +16,10 @@ several steps (chunked prefill); a decode is a request one token behind.
 Deliberate differences from upstream (all listed in UPSTREAM_PIN.md):
 - ``_clamp_new_tokens`` names the three-cap clamp that upstream writes inline
   at scheduler.py:390-397;
+- Phase 2's three admission gates are three ``break``s at the top of one
+  ``while self.waiting`` loop; upstream spreads the same checks over an
+  ``if``, the ``while`` condition and a ``break`` (scheduler.py:545-549);
+- ``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 03's labs hollow out;
 - ``add_request`` rejects duplicate ids, empty prompts and prompts that
   cannot fit ``max_model_len`` with ``ValueError`` (upstream checks prompts in
   the engine's InputProcessor and asserts on duplicates);
@@ -88,6 +92,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
 
+    # BEGIN LAB 03.1: cap a running request's new tokens (threshold, budget, model length)
     def _clamp_new_tokens(self, request: Request, num_new_tokens: int, token_budget: int) -> int:
         """The three caps on a running request's tokens this step.
 
@@ -98,11 +103,14 @@ class Scheduler:
            position at or past the model's length.
         Upstream writes this inline at scheduler.py:390-397.
         """
+        # HINT: apply the caps in this order; a threshold of 0 means "no threshold".
+        # HINT: the result may be 0 (a request parked at max_model_len - 1): schedule() skips it.
         threshold = self.scheduler_config.long_prefill_token_threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
         num_new_tokens = min(num_new_tokens, token_budget)
         return min(num_new_tokens, self.max_model_len - 1 - request.num_computed_tokens)
+    # END LAB 03.1
 
     def schedule(self) -> SchedulerOutput:
         scheduled_new_reqs: list[Request] = []
@@ -129,6 +137,11 @@ class Scheduler:
                 continue
 
             # Ask for memory; on None, preempt a victim and ask again.
+            # BEGIN LAB 03.3: allocate_slots -> None -> preempt a victim -> retry
+            # HINT: loop: ask allocate_slots for num_new_tokens; stop when it returns blocks.
+            # HINT: FCFS victim: the tail of self.running. PRIORITY victim: the largest
+            # HINT: (priority, arrival_time); if it was already scheduled this step, undo that.
+            # HINT: if the victim is `request` itself, give up on it (new_blocks stays None).
             while True:
                 new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
                 if new_blocks is not None:
@@ -152,64 +165,91 @@ class Scheduler:
                     break  # it was the victim itself: nothing left to free
             if new_blocks is None:
                 break
+            # END LAB 03.3
 
+            # BEGIN LAB 03.1: schedule the running request and charge the budget
+            # HINT: four records: the list of scheduled running requests, its new blocks,
+            # HINT: its token count; then charge the budget and move to the next request.
             scheduled_running_reqs.append(request)
             req_to_new_blocks[request.request_id] = new_blocks
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
             req_index += 1
+            # END LAB 03.1
 
-        # Phase 2: admit WAITING requests, unless memory pressure forced a
-        # preemption this step (admitting now would only thrash).
-        if not preempted_reqs:
-            while self.waiting and token_budget > 0:
-                if len(self.running) == self.max_num_running_reqs:
-                    break
-                request = self.waiting.peek_request()
+        # Phase 2: admit WAITING requests in queue order while three gates
+        # stay open. (Upstream checks the same three, in two `if`s and a
+        # `while` condition around this loop: scheduler.py:545-549.)
+        while self.waiting:
+            # BEGIN LAB 03.1: the three admission gates
+            # HINT: no admissions in a step that preempted (memory pressure: admitting
+            # HINT: would only thrash); none without budget; none past max_num_seqs.
+            if preempted_reqs:
+                break
+            if token_budget <= 0:
+                break
+            if len(self.running) == self.max_num_running_reqs:
+                break
+            # END LAB 03.1
+            request = self.waiting.peek_request()
 
-                # Prefix caching: adopt the longest cached prefix for free.
-                new_computed_blocks, num_new_local_computed_tokens = (
-                    self.kv_cache_manager.get_computed_blocks(request)
-                )
-                num_computed_tokens = num_new_local_computed_tokens
-                # num_tokens, not num_prompt_tokens: a resumed request
-                # recomputes its outputs too.
-                num_new_tokens = request.num_tokens - num_computed_tokens
-                threshold = self.scheduler_config.long_prefill_token_threshold
-                if 0 < threshold < num_new_tokens:
-                    num_new_tokens = threshold
-                if (
-                    not self.scheduler_config.enable_chunked_prefill
-                    and num_new_tokens > token_budget
-                ):
-                    break  # whole prompt or nothing, and it does not fit
-                num_new_tokens = min(num_new_tokens, token_budget)
+            # BEGIN LAB 03.6: prefix caching: start from the longest cached prefix
+            # HINT: the KV cache manager knows which full blocks of this request are
+            # HINT: cached; their tokens count as computed and cost no budget.
+            new_computed_blocks, num_new_local_computed_tokens = (
+                self.kv_cache_manager.get_computed_blocks(request)
+            )
+            num_computed_tokens = num_new_local_computed_tokens
+            # END LAB 03.6
 
-                new_blocks = self.kv_cache_manager.allocate_slots(
-                    request,
-                    num_new_tokens,
-                    num_new_computed_tokens=num_new_local_computed_tokens,
-                    new_computed_blocks=new_computed_blocks,
-                    full_sequence_must_fit=self.scheduler_config.scheduler_reserve_full_isl,
-                )
-                if new_blocks is None:
-                    break  # no memory: stop admitting (strict queue order)
+            # BEGIN LAB 03.2: how many of a waiting request's tokens to prefill now
+            # HINT: num_tokens, not num_prompt_tokens: a resumed request recomputes its
+            # HINT: outputs too. Then the threshold, then the budget; without chunked
+            # HINT: prefill a prompt that does not fit whole must wait (stop admitting).
+            num_new_tokens = request.num_tokens - num_computed_tokens
+            threshold = self.scheduler_config.long_prefill_token_threshold
+            if 0 < threshold < num_new_tokens:
+                num_new_tokens = threshold
+            if (
+                not self.scheduler_config.enable_chunked_prefill
+                and num_new_tokens > token_budget
+            ):
+                break  # whole prompt or nothing, and it does not fit
+            num_new_tokens = min(num_new_tokens, token_budget)
+            # END LAB 03.2
 
-                request = self.waiting.pop_request()
-                self.running.append(request)
-                if request.status == RequestStatus.WAITING:
-                    scheduled_new_reqs.append(request)
-                elif request.status == RequestStatus.PREEMPTED:
-                    scheduled_resumed_reqs.append(request)
-                else:
-                    raise RuntimeError(f"Invalid request status: {request.status}")
-                req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(
-                    request.request_id
-                )
-                num_scheduled_tokens[request.request_id] = num_new_tokens
-                token_budget -= num_new_tokens
-                request.status = RequestStatus.RUNNING
-                request.num_computed_tokens = num_computed_tokens
+            new_blocks = self.kv_cache_manager.allocate_slots(
+                request,
+                num_new_tokens,
+                num_new_computed_tokens=num_new_local_computed_tokens,
+                new_computed_blocks=new_computed_blocks,
+                full_sequence_must_fit=self.scheduler_config.scheduler_reserve_full_isl,
+            )
+            if new_blocks is None:
+                break  # no memory: stop admitting (strict queue order)
+
+            request = self.waiting.pop_request()
+            self.running.append(request)
+            # BEGIN LAB 03.4: a first-time request or a resumed one?
+            # HINT: the status says which; the two go to different parts of SchedulerOutput.
+            if request.status == RequestStatus.WAITING:
+                scheduled_new_reqs.append(request)
+            elif request.status == RequestStatus.PREEMPTED:
+                scheduled_resumed_reqs.append(request)
+            else:
+                raise RuntimeError(f"Invalid request status: {request.status}")
+            # END LAB 03.4
+            # BEGIN LAB 03.1: admit the request and charge the budget
+            # HINT: record its blocks (all of them: get_blocks) and its tokens, charge
+            # HINT: the budget, mark it RUNNING, and set where its computation starts.
+            req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(
+                request.request_id
+            )
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            token_budget -= num_new_tokens
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed_tokens
+            # END LAB 03.1
 
         total_num_scheduled_tokens = sum(num_scheduled_tokens.values())
         assert total_num_scheduled_tokens <= self.max_num_scheduled_tokens
@@ -243,12 +283,24 @@ class Scheduler:
         self._update_after_schedule(scheduler_output)
         return scheduler_output
 
+    # BEGIN LAB 03.4: running and resumed requests as deltas (CachedRequestData)
     def _make_cached_request_data(
         self,
         running_reqs: list[Request],
         resumed_reqs: list[Request],
         req_to_new_blocks: dict[str, KVCacheBlocks],
     ) -> CachedRequestData:
+        """One ``CachedRequestData`` for the running requests scheduled this step,
+        then the resumed ones, as parallel lists in that order.
+
+        Workers keep every request they were sent; for those they saw last
+        step only the new block ids and counts travel. A request the
+        workers did not see last step (resumed, or skipped for a step) gets
+        its whole token list in ``all_token_ids``.
+        """
+        # HINT: one entry per request in running_reqs + resumed_reqs (that order).
+        # HINT: "seen last step" is self.prev_step_scheduled_req_ids.
+        # HINT: new block ids: req_to_new_blocks[req_id].get_block_ids(allow_none=True).
         req_ids: list[str] = []
         new_block_ids: list[tuple[list[int], ...] | None] = []
         all_token_ids: dict[str, list[int]] = {}
@@ -272,7 +324,9 @@ class Scheduler:
             num_computed_tokens=num_computed_tokens,
             num_output_tokens=num_output_tokens,
         )
+    # END LAB 03.4
 
+    # BEGIN LAB 03.3: preempt one request (recompute, not swap)
     def _preempt_request(self, request: Request, timestamp: float) -> None:
         """Free the request's KV cache and send it back to the waiting queue.
 
@@ -281,23 +335,31 @@ class Scheduler:
         has no swapping). Prefix caching often makes that recompute cheap:
         its freed blocks stay cached until reused.
         """
+        # HINT: free its KV blocks; PREEMPTED; nothing computed any more; count the
+        # HINT: preemption; and put it at the FRONT of the waiting queue.
         assert request.status == RequestStatus.RUNNING, "Only running requests can be preempted"
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
+    # END LAB 03.3
 
+    # BEGIN LAB 03.2: advance num_computed_tokens when the step is scheduled
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         """Advance num_computed_tokens now, before the model runs, so the
         next schedule() can plan the next chunk straight away. The output
         above already recorded the pre-step counts the runner needs."""
+        # HINT: every scheduled request moves forward by its scheduled tokens; it is
+        # HINT: still a prefill chunk while computed < num_tokens. Then start a new
+        # HINT: finished_req_ids set (the output holds on to the old one).
         for req_id, num_scheduled_token in scheduler_output.num_scheduled_tokens.items():
             request = self.requests[req_id]
             request.num_computed_tokens += num_scheduled_token
             request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
         # A new set, not clear(): the output just built still refers to the old one.
         self.finished_req_ids = set()
+    # END LAB 03.2
 
     # ------------------------------------------------------- update_from_output
 
@@ -320,11 +382,14 @@ class Scheduler:
             stopped = False
             if new_token_ids:
                 new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
+            # BEGIN LAB 03.5: a stopped request is finished and freed at once
+            # HINT: read its finish reason, free it, and remember to drop it from running.
             finish_reason = None
             if stopped:
                 finish_reason = request.get_finished_reason()
                 self._free_request(request)
                 stopped_running_reqs.add(request)
+            # END LAB 03.5
 
             if new_token_ids or stopped:
                 new_logprobs = None
@@ -340,14 +405,22 @@ class Scheduler:
                     )
                 )
 
+        # BEGIN LAB 03.5: drop the stopped requests from running
         if stopped_running_reqs:
             self.running = remove_all(self.running, stopped_running_reqs)
+        # END LAB 03.5
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
 
+    # BEGIN LAB 03.5: append sampled tokens one by one, stop at the first that ends it
     def _update_request_with_output(
         self, request: Request, new_token_ids: list[int]
     ) -> tuple[list[int], bool]:
-        """Append tokens one at a time; stop at the first that ends the request."""
+        """Append tokens one at a time; stop at the first that ends the request.
+
+        Returns the tokens actually kept (cut after the stopping token) and
+        whether the request stopped.
+        """
+        # HINT: request.append_output_token_ids, then check_stop(request, self.max_model_len).
         stopped = False
         for num_new, output_token_id in enumerate(new_token_ids, 1):
             request.append_output_token_ids(output_token_id)
@@ -356,6 +429,7 @@ class Scheduler:
                 new_token_ids = new_token_ids[:num_new]
                 break
         return new_token_ids, stopped
+    # END LAB 03.5
 
     # ------------------------------------------------------- requests in and out
 

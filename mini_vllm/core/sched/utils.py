@@ -26,8 +26,17 @@ def remove_all(lst: list, items_to_remove: set) -> list:
     return [item for item in lst if item not in items_to_remove]
 
 
+# BEGIN LAB 03.5: the stop conditions, in upstream's order
 def check_stop(request: Request, max_model_len: int) -> bool:
-    """Set a finished status on the request if its last token ends it."""
+    """Set a finished status on the request if its last token ends it.
+
+    Returns True if it did. The order decides the reason when several hold:
+    min_tokens not yet reached -> keep going (even past EOS); EOS ->
+    FINISHED_STOPPED; a stop token -> FINISHED_STOPPED with stop_reason set
+    to it; max_model_len or max_tokens reached -> FINISHED_LENGTH_CAPPED.
+    """
+    # HINT: the request's sampling_params has min_tokens, eos_token_id, stop_token_ids;
+    # HINT: request.max_tokens, request.num_tokens, request.num_output_tokens.
     params = request.sampling_params
     if request.num_output_tokens < params.min_tokens:
         return False
@@ -43,3 +52,4 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
+# END LAB 03.5
