@@ -16,9 +16,9 @@ several steps (chunked prefill); a decode is a request one token behind.
 Deliberate differences from upstream (all listed in UPSTREAM_PIN.md):
 - ``_clamp_new_tokens`` names the three-cap clamp that upstream writes inline
   at scheduler.py:390-397;
-- Phase 2's three admission gates are three ``break``s at the top of one
-  ``while self.waiting`` loop; upstream spreads the same checks over an
-  ``if``, the ``while`` condition and a ``break`` (scheduler.py:545-549);
+- Phase 2's three admission gates are three breaks at the top of one
+  loop over the waiting queue; upstream spreads the same checks over an
+  if, the loop condition and a break (lines 545-549);
 - ``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 03's labs hollow out;
 - ``add_request`` rejects duplicate ids, empty prompts and prompts that
   cannot fit ``max_model_len`` with ``ValueError`` (upstream checks prompts in
