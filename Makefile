@@ -6,7 +6,8 @@ BIN    := $(VENV)/bin
 SETUP_STAMP    := $(VENV)/.setup-done
 UPSTREAM_STAMP := $(VENV)/.upstream-done
 
-.PHONY: setup model upstream demo scheduler-demo test test-fast snapshots bench clean help
+.PHONY: setup model upstream demo scheduler-demo test test-fast snapshots bench clean help \
+        labs diff-upstream notebooks
 
 help:
 	@echo "make demo       generate text with SmolLM2-135M through mini_vllm (sets up .venv first)"
@@ -16,6 +17,11 @@ help:
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
 	@echo "make snapshots  re-record the upstream snapshots the tests compare against"
 	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers"
+	@echo "make check-phase-03   grade your labs/ code for a phase (IMPL=ref: the reference)"
+	@echo "make check-lab-03.2   grade one lab"
+	@echo "make labs       regenerate labs/ starters (never overwrites your code)"
+	@echo "make diff-upstream SYMBOL=Scheduler.schedule [IMPL=labs]  mini beside upstream"
+	@echo "make notebooks  execute every notebook"
 
 # torch is installed first, pinned, so that nothing later can pull a CUDA build.
 $(SETUP_STAMP): pyproject.toml
@@ -62,6 +68,23 @@ snapshots: upstream
 bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.scheduler
 	$(BIN)/python -m mini_vllm.benchmarks.throughput
+
+labs: setup
+	$(BIN)/python -m mini_vllm.grading generate
+
+# Grading: a score table, results.json, exit 0 only on full marks.
+check-phase-%: setup
+	$(BIN)/python -m mini_vllm.grading check $* $(if $(IMPL),--impl $(IMPL))
+
+check-lab-%: setup
+	$(BIN)/python -m mini_vllm.grading check $* $(if $(IMPL),--impl $(IMPL))
+
+diff-upstream: upstream
+	@test -n "$(SYMBOL)" || { echo "usage: make diff-upstream SYMBOL=Scheduler.schedule [IMPL=labs]"; exit 2; }
+	$(BIN)/python -m mini_vllm.grading diff $(SYMBOL) $(if $(IMPL),--impl $(IMPL))
+
+notebooks: setup
+	$(BIN)/python -m pytest --nbmake notebooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

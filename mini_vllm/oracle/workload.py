@@ -201,23 +201,26 @@ FIELD_WORDS = {
 }
 
 
-def first_difference(expected: dict, got: dict) -> str | None:
+def first_difference(expected: dict, got: dict, labels=("upstream", "mini_vllm")) -> str | None:
     """None if the traces agree, else a sentence naming the first step and
-    field that differ (``expected`` is the upstream side)."""
+    field that differ (``expected`` is the upstream side; ``labels`` name
+    the two sides)."""
+    a, b = labels
+    width = max(len(a), len(b))
     for i, (e, g) in enumerate(zip(expected["steps"], got["steps"])):
         for key in FIELD_WORDS:
             if e.get(key) != g.get(key):
                 return (
                     f"step {i}: {FIELD_WORDS[key]} differ.\n"
-                    f"  upstream : {e.get(key)}\n  mini_vllm: {g.get(key)}"
+                    f"  {a:<{width}}: {e.get(key)}\n  {b:<{width}}: {g.get(key)}"
                 )
     ne, ng = len(expected["steps"]), len(got["steps"])
     if ne != ng:
-        return f"upstream took {ne} steps but mini_vllm took {ng}."
+        return f"{a} took {ne} steps but {b} took {ng}."
     for req_id, e in expected["final"].items():
         g = got["final"].get(req_id)
         if e != g:
-            return f"final state of request {req_id!r} differs: upstream {e}, mini_vllm {g}."
+            return f"final state of request {req_id!r} differs: {a} {e}, {b} {g}."
     if set(expected["final"]) != set(got["final"]):
         return "the two runs saw different request ids."
     return None

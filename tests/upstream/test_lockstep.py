@@ -19,11 +19,10 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import mini_vllm.testing as mini
-from mini_vllm.core.kv_cache_manager import cdiv
-from mini_vllm.oracle.workload import RequestSpec, Workload, first_difference, run_workload
+from mini_vllm.oracle.strategies import workloads
+from mini_vllm.oracle.workload import first_difference, run_workload
 
 pytestmark = pytest.mark.upstream
 
@@ -34,69 +33,6 @@ EXAMPLES = int(os.environ.get("MINI_VLLM_LOCKSTEP_EXAMPLES", "2000"))
 def upstream():
     from mini_vllm.oracle import upstream as up
     return up
-
-
-@st.composite
-def scheduler_configs(draw) -> dict:
-    block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
-    max_model_len = draw(st.integers(8, 200))
-    chunked = draw(st.booleans())
-    max_num_seqs = draw(st.sampled_from([1, 2, 4, 8, 12, 16]))
-    # Upstream's SchedulerConfig demands budget >= max_num_seqs, and budget >=
-    # max_model_len when chunked prefill is off.
-    low = max(max_num_seqs, 1 if chunked else max_model_len)
-    budget = draw(st.integers(low, max(low, 320)))
-    # From "exactly one max_model_len request fits" to plenty, weighted
-    # toward tight caches so that preemption is common.
-    min_blocks = cdiv(max_model_len, block_size) + 1
-    num_blocks = draw(st.integers(min_blocks, min_blocks + 3)
-                      | st.integers(min_blocks, 2 * min_blocks)
-                      | st.integers(min_blocks, 6 * min_blocks))
-    return {
-        "block_size": block_size,
-        "max_model_len": max_model_len,
-        "enable_chunked_prefill": chunked,
-        "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": budget,
-        "num_blocks": num_blocks,
-        "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 1, 3, 8, 32])),
-        "enable_prefix_caching": draw(st.booleans()),
-        "policy": draw(st.sampled_from(["fcfs", "priority"])),
-        "scheduler_reserve_full_isl": draw(st.booleans()),
-    }
-
-
-@st.composite
-def workloads(draw) -> Workload:
-    config = draw(scheduler_configs())
-    max_model_len = config["max_model_len"]
-    prefixes = draw(st.lists(
-        st.lists(st.integers(1, 999), min_size=1, max_size=48), min_size=0, max_size=3))
-    n = draw(st.integers(1, 4) | st.integers(4, 20))
-    requests = []
-    for i in range(n):
-        prefix = draw(st.sampled_from(prefixes)) if prefixes and draw(st.booleans()) else []
-        suffix = draw(st.lists(st.integers(1, 999), min_size=0, max_size=64))
-        prompt = (prefix + suffix)[: max_model_len - 1] or [draw(st.integers(1, 999))]
-        max_tokens = draw(st.integers(1, 64))
-        stop = draw(st.sampled_from([[], [], [7], [7, 9]]))
-        requests.append(RequestSpec(
-            req_id=f"req-{i}",
-            prompt_token_ids=prompt,
-            max_tokens=max_tokens,
-            arrive_step=draw(st.sampled_from([0, 0, 0, 1, 2, 5, 12])),
-            priority=draw(st.integers(0, 3)),
-            # min_tokens must fit: len(prompt) + min_tokens <= max_model_len
-            # (upstream livelocks otherwise; see the test below).
-            min_tokens=min(draw(st.sampled_from([0, 0, 0, 1, 4])), max_tokens,
-                           max_model_len - len(prompt)),
-            ignore_eos=draw(st.booleans()),
-            stop_token_ids=stop,
-            eos_at=draw(st.sampled_from([None, None, None, 0, 1, 5, 20])),
-            stop_at=draw(st.sampled_from([None, None, 0, 3, 15])) if stop else None,
-            abort_step=draw(st.none() | st.none() | st.none() | st.integers(0, 20)),
-        ))
-    return Workload(name="generated", config=config, requests=requests)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,

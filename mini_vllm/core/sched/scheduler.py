@@ -406,6 +406,7 @@ class Scheduler:
                 )
 
         # BEGIN LAB 03.5: drop the stopped requests from running
+        # HINT: remove_all returns the new list; keep running's order.
         if stopped_running_reqs:
             self.running = remove_all(self.running, stopped_running_reqs)
         # END LAB 03.5

@@ -1,0 +1,1 @@
+"""Your workspace: one package of lab starters per phase."""

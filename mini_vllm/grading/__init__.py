@@ -1,0 +1,12 @@
+"""The course's grading machinery (project tooling, not part of the mirror).
+
+- ``regions``: lab regions in the reference source; writes the ``labs/``
+  starters, splices a student's regions with the reference's;
+- ``impl``: loads the code a graded suite runs (the student's, or the
+  reference's with ``IMPL=ref``);
+- ``plugin``: the pytest plugin behind ``make check-phase-NN``: points,
+  per-test timeouts, the score table and ``results.json``;
+- ``diff_upstream``: a mini_vllm (or student) symbol beside upstream's at the pin.
+
+Run ``python -m mini_vllm.grading --help``.
+"""

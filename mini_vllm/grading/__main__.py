@@ -1,0 +1,140 @@
+"""``python -m mini_vllm.grading``: starters, grading, and diffs against upstream.
+
+  generate [--check] [--out DIR] [--force]   write (or check) the labs/ starters
+  solve --out DIR                            a copy of labs/ with the reference's code in every region
+  check 03 | 03.2 [--impl ref] [--labs-dir DIR] [--results FILE] [-- PYTEST ARGS]
+                                             grade a phase or one lab; exit 0 only on full marks
+  diff SYMBOL [--impl labs]                  a symbol beside upstream's at the pin
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from mini_vllm.grading import regions as R
+
+
+def generate(out: Path, check: bool, force: bool) -> int:
+    if check:
+        problems = R.stale_files(out)
+        for p in problems:
+            print(f"stale: {out / p}" if p.split(":")[0].endswith(".py") else p)
+        if problems:
+            print("Run `python -m mini_vllm.grading generate` to bring labs/ up to date.")
+            return 1
+        print(f"{out}: every starter is up to date with the reference.")
+        return 0
+    starters = R.all_starters()
+    kept = []
+    for rel, text in starters.items():
+        path = out / rel
+        if path.exists() and path.read_text() != text and R.has_student_code(path, text) \
+                and not force:
+            kept.append(path)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for path in kept:
+        print(f"kept {path}: it holds your code (use --force to overwrite it)")
+    print(f"wrote {len(starters) - len(kept)} starter files under {out}")
+    return 0
+
+
+def solve(out: Path) -> int:
+    """Every starter with the reference's region code pasted in: proof that
+    each lab can be solved inside its starter."""
+    for rel, text in R.all_starters().items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if rel.name != "__init__.py":
+            phase = rel.parent.name.removeprefix("phase_")
+            code = R.reference_region_code(phase)[rel.name]
+            text = R.splice(text, dict(enumerate(code)), str(rel))
+        path.write_text(text)
+    print(f"wrote solved starters under {out}")
+    return 0
+
+
+def phase_dir(phase: str) -> Path:
+    found = sorted((R.REPO_ROOT / "phases").glob(f"{phase}-*"))
+    if not found:
+        raise SystemExit(f"No phase {phase}: phases/ has "
+                         f"{sorted(p.name for p in (R.REPO_ROOT / 'phases').glob('[0-9]*'))}")
+    return found[0]
+
+
+def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_args: list) -> int:
+    import pytest
+
+    phase, _, lab = target.partition(".")
+    if not (phase.isdigit() and len(phase) == 2 and (lab == "" or lab.isdigit())):
+        raise SystemExit(f"{target!r}: give a phase like 03 or a lab like 03.2")
+    folder = phase_dir(phase) / "labs"
+    if lab:
+        found = sorted(folder.glob(f"lab-{int(lab):02d}-*"))
+        if not found:
+            raise SystemExit(f"Phase {phase} has no lab {lab}: "
+                             f"{sorted(p.name for p in folder.glob('lab-*'))}")
+        folder = found[0]
+    os.environ["IMPL"] = impl
+    if labs_dir:
+        os.environ["MINI_VLLM_LABS_DIR"] = str(Path(labs_dir).resolve())
+    # Without CUDA, Triton kernels run in its interpreter; it must be on
+    # before anything imports triton.
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+    except ImportError:
+        pass
+    code = pytest.main([str(folder), "-p", "no:cacheprovider", "--tb=short", "-q",
+                        "--rootdir", str(R.REPO_ROOT), "--results", results, *pytest_args])
+    try:
+        summary = json.loads(Path(results).read_text())
+    except (OSError, ValueError):
+        print("No results were written: the suite did not run.")
+        return 1
+    full = summary["max_score"] > 0 and summary["score"] == summary["max_score"]
+    return 0 if full and code == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["diff"]:
+        from mini_vllm.grading.diff_upstream import main as diff_main
+
+        return diff_main(argv[1:])
+    pytest_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, pytest_args = argv[:i], argv[i + 1:]
+    parser = argparse.ArgumentParser(prog="python -m mini_vllm.grading",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="write the labs/ starters from the reference")
+    g.add_argument("--out", default=str(R.REPO_ROOT / R.LABS_PACKAGE))
+    g.add_argument("--check", action="store_true", help="fail if labs/ is out of date")
+    g.add_argument("--force", action="store_true", help="overwrite starters holding your code")
+    s = sub.add_parser("solve", help="a copy of labs/ with the reference's code in every region")
+    s.add_argument("--out", required=True)
+    c = sub.add_parser("check", help="grade a phase (03) or a lab (03.2)")
+    c.add_argument("target")
+    c.add_argument("--impl", choices=["labs", "ref"], default=os.environ.get("IMPL") or "labs")
+    c.add_argument("--labs-dir", default=None)
+    c.add_argument("--results", default="results.json")
+    sub.add_parser("diff", help="a symbol beside upstream's (see diff --help)")
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        return generate(Path(args.out), args.check, args.force)
+    if args.command == "solve":
+        return solve(Path(args.out))
+    return check(args.target, args.impl, args.labs_dir, args.results, pytest_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
