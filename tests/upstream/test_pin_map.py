@@ -47,11 +47,12 @@ import importlib
 import importlib.util
 import os
 import re
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import pytest
+
+from mini_vllm.grading.diff_upstream import INLINE_MARK, ROW_RE, TABLE_HEADER, Row, definitions
 
 # Collected even where vllm is missing: the conftest then skips the
 # `upstream` tests with a visible reason (or refuses to run at all under
@@ -90,18 +91,11 @@ CORE_MODULES = (
     "core/sched/scheduler.py",
 )
 
-TABLE_HEADER = "| mini_vllm symbol | upstream symbol | upstream file:line | note |"
-INLINE_MARK = "inline (no def upstream)"
-
+# The map's row format (ROW_RE, Row) and the ast walk are shared with the
+# `diff` tool, so the two cannot read the table differently.
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _QUAL = rf"{_IDENT}(?:\.{_IDENT})*"
 _PATH = r"vllm/[A-Za-z0-9_/]+\.py"
-ROW_RE = re.compile(
-    rf"^\| `(?P<mini>mini_vllm\.{_QUAL})` "
-    rf"\| `(?P<up>{_QUAL})` "
-    rf"\| `(?P<path>{_PATH}):(?P<line>[1-9][0-9]*)` "
-    rf"\|(?P<note>[^|]*)\|$"
-)
 # Checked citation forms in prose and notes. Whitespace may include a line break.
 DEF_CITE_RE = re.compile(rf"`(?P<qual>{_QUAL})`\s+\((?P<path>{_PATH}):(?P<line>\d+)\)")
 READS_CITE_RE = re.compile(rf"(?P<path>{_PATH}):(?P<line>\d+)\s+\(reads\s+`(?P<text>[^`]+)`\)")
@@ -114,20 +108,6 @@ def _module_name(rel: str) -> str:
 
 
 CORE_MODULE_NAMES = {_module_name(rel): rel for rel in CORE_MODULES}
-
-
-@dataclass(frozen=True)
-class Row:
-    lineno: int  # in UPSTREAM_PIN.md, for messages
-    mini: str
-    upstream: str
-    path: str
-    line: int
-    note: str
-
-    @property
-    def inline(self) -> bool:
-        return self.note.startswith(INLINE_MARK)
 
 
 # ---------------------------------------------------------------- helpers
@@ -198,21 +178,8 @@ def _upstream_lines(rel: str) -> tuple[str, ...]:
 def _upstream_defs(rel: str) -> dict[str, tuple[tuple[int, int], ...]]:
     """qualified name -> ((def line, end line), ...) for classes and functions."""
     tree = ast.parse("\n".join(_upstream_lines(rel)) + "\n", filename=rel)
-    out: dict[str, list[tuple[int, int]]] = {}
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                qual = prefix + child.name
-                # lineno is the `class`/`def` line itself, not a decorator's.
-                out.setdefault(qual, []).append((child.lineno, child.end_lineno or child.lineno))
-                visit(child, qual + ".")
-            elif not isinstance(child, ast.expr):
-                # Statements such as `if TYPE_CHECKING:` or `try:` blocks.
-                visit(child, prefix)
-
-    visit(tree, "")
-    return {k: tuple(v) for k, v in out.items()}
+    # lineno is the `class`/`def` line itself, not a decorator's.
+    return {qual: tuple((n.lineno, n.end_lineno) for n in nodes) for qual, nodes in definitions(tree).items()}
 
 
 def _check_def(qual: str, rel: str, line: int) -> str | None:

@@ -1,0 +1,144 @@
+"""The grading machinery itself: regions, starters, splicing, the pytest plugin.
+
+The honesty of the real graded suites is checked in test_labs_honest.py;
+here small made-up inputs pin down each piece's behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mini_vllm.grading import regions as R
+
+REPO = R.REPO_ROOT
+
+
+def test_markers_must_pair_up():
+    ok = ["x = 1", "    # BEGIN LAB 03.1: t", "    y = 2", "    # END LAB 03.1"]
+    (region,) = R.find_regions(ok)
+    assert (region.lab, region.title, region.begin, region.end) == ("03.1", "t", 1, 3)
+    with pytest.raises(R.RegionError, match="never closed"):
+        R.find_regions(ok[:3])
+    with pytest.raises(R.RegionError, match="without a matching BEGIN"):
+        R.find_regions(["# END LAB 03.1"])
+    with pytest.raises(R.RegionError, match="inside LAB"):
+        R.find_regions(["# BEGIN LAB 03.1", "# BEGIN LAB 03.2", "# END LAB 03.2", "# END LAB 03.1"])
+    with pytest.raises(R.RegionError, match="indented differently"):
+        R.find_regions(["  # BEGIN LAB 03.1", "# END LAB 03.1"])
+    with pytest.raises(R.RegionError, match="malformed"):
+        R.find_regions(["# BEGIN LAB 3.1"])
+
+
+def test_splice_replaces_only_the_named_regions():
+    text = "a\n# BEGIN LAB 01.1\nold1\n# END LAB 01.1\nb\n# BEGIN LAB 01.2\nold2\n# END LAB 01.2\n"
+    out = R.splice(text, {1: ["new2a", "new2b"]})
+    assert out == text.replace("old2", "new2a\nnew2b")
+
+
+def test_starter_keeps_signature_docstring_hints_and_raises():
+    starter = R.starters("03")[Path("phase_03/utils.py")]
+    assert "def check_stop(request: Request, max_model_len: int) -> bool:" in starter
+    assert "Set a finished status on the request" in starter
+    assert "# HINT:" in starter
+    assert "raise NotImplementedError('Lab 03.5:" in starter or \
+        'raise NotImplementedError("Lab 03.5:' in starter
+    assert "FINISHED_STOPPED\n" not in starter.split("def check_stop")[1].split('"""')[2]
+    # Everything outside the holes comes from the reference.
+    assert "from mini_vllm.core.sched.utils import remove_all" in starter
+
+
+def test_scheduler_starter_subclasses_the_reference():
+    starter = R.starters("03")[Path("phase_03/scheduler.py")]
+    assert "class Scheduler(_reference.Scheduler):" in starter
+    # Imports of sibling starters are redirected, so the student's check_stop is used.
+    assert "from labs.phase_03.utils import check_stop" in starter
+    # Methods without a lab stay inherited.
+    assert "def add_request" not in starter and "def finish_requests" not in starter
+
+
+def test_committed_labs_folder_is_current():
+    assert R.stale_files(REPO / "labs") == [], "run `make labs` and commit labs/"
+
+
+def test_staleness_ignores_student_code_but_not_outside_edits(tmp_path):
+    subprocess.run([sys.executable, "-m", "mini_vllm.grading", "generate", "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    utils = tmp_path / "phase_03" / "utils.py"
+    text = utils.read_text()
+    utils.write_text(text.replace("    raise NotImplementedError", "    return False  # mine\n"
+                                  "    raise NotImplementedError"))
+    assert R.stale_files(tmp_path) == []
+    utils.write_text(text.replace("import remove_all", "import remove_all as _gone"))
+    assert [p for p in R.stale_files(tmp_path) if "utils.py" in p]
+
+
+def test_generate_never_overwrites_student_code(tmp_path):
+    cmd = [sys.executable, "-m", "mini_vllm.grading", "generate", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    utils = tmp_path / "phase_03" / "utils.py"
+    mine = utils.read_text().replace("    raise NotImplementedError", "    x = 1  # my work\n"
+                                     "    raise NotImplementedError")
+    utils.write_text(mine)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    assert "kept" in out and utils.read_text() == mine
+    subprocess.run(cmd + ["--force"], check=True, capture_output=True)
+    assert "my work" not in utils.read_text()
+
+
+def _fake_phase(tmp_path: Path) -> Path:
+    lab = tmp_path / "phases" / "99-demo" / "labs" / "lab-01-demo"
+    lab.mkdir(parents=True)
+    (lab / "test_demo.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.points(3)
+        def test_passes():
+            assert 1 + 1 == 2
+
+        @pytest.mark.points(2)
+        def test_student_bug():
+            raise KeyError("student code blew up")
+
+        @pytest.mark.points(4)
+        @pytest.mark.timeout(1)
+        def test_infinite_loop():
+            while True:
+                pass
+
+        def test_teaching_message():
+            assert 3 == 4, "step 2: the budget was exceeded (expected 3, got 4)"
+    """))
+    return lab
+
+
+def test_plugin_scores_times_out_and_reports_each_failure(tmp_path):
+    lab = _fake_phase(tmp_path)
+    results = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", str(lab), "-p", "mini_vllm.grading.plugin",
+         "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path), "--results", str(results)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "99.1" in proc.stdout and "3 / 10" in proc.stdout  # the score table
+    data = json.loads(results.read_text())
+    assert (data["score"], data["max_score"]) == (3.0, 10.0)
+    by_name = {t["name"].split(" · ")[1]: t for t in data["tests"]}
+    assert by_name["test_passes"]["status"] == "passed"
+    assert "KeyError" in by_name["test_student_bug"]["output"]
+    assert "still running after 1 s" in by_name["test_infinite_loop"]["output"]
+    assert "the budget was exceeded" in by_name["test_teaching_message"]["output"]
+    assert all(t["number"] == "99.1" for t in data["tests"])
+
+
+def test_check_rejects_unknown_targets():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "mini_vllm.grading", "check", *a],
+                                    capture_output=True, text=True, cwd=REPO)
+    assert "give a phase like 03" in run("3.x").stderr
+    assert "No phase 42" in run("42").stderr
+    assert "has no lab 9" in run("03.9").stderr
