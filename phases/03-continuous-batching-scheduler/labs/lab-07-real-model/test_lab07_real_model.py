@@ -73,9 +73,9 @@ def generate(llm: LLM, scheduler_cls: type, policy: str = "fcfs", priorities=Non
 
 
 def compare(llm, student_cls, **kwargs):
+    got, stats = generate(llm, student_cls, **kwargs)  # yours first: fails fast
     expected, ref_stats = generate(llm, ReferenceScheduler, **kwargs)
     assert ref_stats["num_preemptions"] > 0, "the setup must force preemptions"
-    got, stats = generate(llm, student_cls, **kwargs)
     tokenizer = llm.get_tokenizer()
     for i, (e, g) in enumerate(zip(expected, got)):
         if e != g:
