@@ -58,6 +58,7 @@ scheduler-demo: setup
 # MINI_VLLM_REQUIRE_UPSTREAM turns a missing pin into a failure, not a skip.
 test: upstream
 	MINI_VLLM_REQUIRE_UPSTREAM=1 $(BIN)/python -m pytest
+	$(BIN)/python -m pytest --nbmake notebooks
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not upstream"
