@@ -42,10 +42,11 @@ class Scheduler(_reference.Scheduler):
         2. the token budget left in this step;
         3. ``max_model_len - 1 - num_computed_tokens``: never compute a
            position at or past the model's length.
-        Upstream writes this inline at scheduler.py:390-397.
+        Upstream writes this inline at scheduler.py:390-398.
         """
         # HINT: apply the caps in this order; a threshold of 0 means "no threshold".
-        # HINT: the result may be 0 (a request parked at max_model_len - 1): schedule() skips it.
+        # HINT: the model-length cap only binds upstream with speculative tokens (a
+        # HINT: running request here is never more than one token behind it); keep it.
         raise NotImplementedError("Lab 03.1: cap a running request's new tokens (threshold, budget, model length) (labs/phase_03/scheduler.py)")
     # END LAB 03.1
 

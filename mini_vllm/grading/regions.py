@@ -380,11 +380,14 @@ def stale_files(labs_dir: Path) -> list[str]:
 
 
 def has_student_code(path: Path, fresh: str) -> bool:
-    """Whether the file's regions hold anything but the generated stubs."""
-    fresh_lines = fresh.splitlines()
-    current = path.read_text().splitlines()
+    """Whether the file's regions hold anything but stubs: comments (hints,
+    old or new) and the ``raise NotImplementedError`` do not count."""
+    def code(lines: list[str]) -> list[list[str]]:
+        return [[line for line in region if line.strip() and not line.lstrip().startswith("#")
+                 and not line.lstrip().startswith("raise NotImplementedError(")]
+                for region in region_code(lines, find_regions(lines, str(path)))]
+
     try:
-        mine = region_code(current, find_regions(current, str(path)))
+        return code(path.read_text().splitlines()) != code(fresh.splitlines())
     except RegionError:
         return True
-    return mine != region_code(fresh_lines, find_regions(fresh_lines))

@@ -15,7 +15,7 @@ several steps (chunked prefill); a decode is a request one token behind.
 
 Deliberate differences from upstream (all listed in UPSTREAM_PIN.md):
 - ``_clamp_new_tokens`` names the three-cap clamp that upstream writes inline
-  at scheduler.py:390-397;
+  at scheduler.py:390-398;
 - Phase 2's three admission gates are three breaks at the top of one
   loop over the waiting queue; upstream spreads the same checks over an
   if, the loop condition and a break (lines 545-549);
@@ -101,10 +101,11 @@ class Scheduler:
         2. the token budget left in this step;
         3. ``max_model_len - 1 - num_computed_tokens``: never compute a
            position at or past the model's length.
-        Upstream writes this inline at scheduler.py:390-397.
+        Upstream writes this inline at scheduler.py:390-398.
         """
         # HINT: apply the caps in this order; a threshold of 0 means "no threshold".
-        # HINT: the result may be 0 (a request parked at max_model_len - 1): schedule() skips it.
+        # HINT: the model-length cap only binds upstream with speculative tokens (a
+        # HINT: running request here is never more than one token behind it); keep it.
         threshold = self.scheduler_config.long_prefill_token_threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
