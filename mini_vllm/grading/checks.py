@@ -1,6 +1,10 @@
 """Checks the graded suites share: a scheduler against upstream's snapshots,
 and against the reference on generated workloads.
 
+Both return None or a message; a crash or a run that never ends in the
+code under grade becomes a message too (only NotImplementedError, an
+unwritten lab region, propagates).
+
 Both run the loop upstream's EngineCore runs (``schedule()`` -> fake model
 -> ``update_from_output()``) and compare every step; a failure names the
 first step and field that differ, upstream's (or the reference's) value and
@@ -9,6 +13,9 @@ the student's.
 
 from __future__ import annotations
 
+import dataclasses
+import traceback
+
 import mini_vllm.testing as testing
 from mini_vllm.oracle import snapshots
 from mini_vllm.oracle.workload import Workload, first_difference, run_workload
@@ -16,16 +23,44 @@ from mini_vllm.oracle.workload import Workload, first_difference, run_workload
 YOURS = "your scheduler"
 
 
+def _run(scheduler_cls: type, workload: Workload, max_steps: int | None):
+    """The student's trace, or a message saying how the run went wrong.
+    NotImplementedError (an unwritten region) propagates as it is."""
+    if max_steps is not None:
+        workload = dataclasses.replace(workload, max_steps=max_steps)
+    try:
+        scheduler = testing.create_scheduler(**workload.config, scheduler_cls=scheduler_cls)
+        return run_workload(testing, workload, scheduler=scheduler), None
+    except NotImplementedError:
+        raise
+    except RuntimeError as e:
+        if "did not finish" not in str(e):
+            return None, crash_message(e)
+        return None, (f"{e}: the reference finishes it in far fewer steps. Some request is "
+                      "never scheduled again or never finishes: look for a count that stops "
+                      "advancing.")
+    except Exception as e:  # noqa: BLE001 - a bug in the code under grade, told in words
+        return None, crash_message(e)
+
+
+def crash_message(error: BaseException) -> str:
+    """Where the code under grade raised, in one sentence."""
+    where = traceback.extract_tb(error.__traceback__)[-1]
+    return (f"{YOURS} raised {type(error).__name__}: {error} at `{where.line}` "
+            f"(line {where.lineno} of {where.filename}).")
+
+
 def snapshot_names() -> list[str]:
     return sorted(p.stem for p in snapshots.SNAPSHOT_DIR.glob("*.json"))
 
 
-def snapshot_mismatch(scheduler_cls: type, name: str) -> str | None:
+def snapshot_mismatch(scheduler_cls: type, name: str, max_steps: int | None = None) -> str | None:
     """None if ``scheduler_cls`` reproduces the snapshot recorded from the
     pinned upstream, else what differs first."""
     workload, header, expected = snapshots.load(snapshots.SNAPSHOT_DIR / f"{name}.json")
-    scheduler = testing.create_scheduler(**workload.config, scheduler_cls=scheduler_cls)
-    got = run_workload(testing, workload, scheduler=scheduler)
+    got, failure = _run(scheduler_cls, workload, max_steps)
+    if failure is not None:
+        return f"Scenario {name!r} (mini_vllm/oracle/scenarios.py): {failure}"
     upstream = f"upstream vLLM {header['vllm_version']}"
     diff = first_difference(expected, got, labels=(upstream, YOURS))
     if diff is None:
@@ -36,14 +71,15 @@ def snapshot_mismatch(scheduler_cls: type, name: str) -> str | None:
             f"`make scheduler-demo` shows a trace step by step.")
 
 
-def reference_mismatch(scheduler_cls: type, workload: Workload) -> str | None:
+def reference_mismatch(scheduler_cls: type, workload: Workload,
+                       max_steps: int | None = None) -> str | None:
     """None if ``scheduler_cls`` and the reference Scheduler produce the same
     trace on ``workload`` (the reference equals upstream step for step:
     tests/upstream/test_lockstep.py)."""
     expected = run_workload(testing, workload)
-    scheduler = testing.create_scheduler(**workload.config, scheduler_cls=scheduler_cls)
-    got = run_workload(testing, workload, scheduler=scheduler)
-    diff = first_difference(expected, got, labels=("reference", YOURS))
+    got, diff = _run(scheduler_cls, workload, max_steps)
+    if got is not None:
+        diff = first_difference(expected, got, labels=("reference", YOURS))
     if diff is None:
         return None
     requests = [(s.req_id, len(s.prompt_token_ids), s.max_tokens) for s in workload.requests]

@@ -26,20 +26,17 @@ import traceback
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis.internal.conjecture import engine as hypothesis_engine
 
 import mini_vllm.testing as mini
 from mini_vllm.grading import checks
 from mini_vllm.oracle import strategies
-from mini_vllm.oracle.scenarios import get_scenario
-from mini_vllm.oracle.workload import fake_token, run_workload
+from mini_vllm.oracle.workload import fake_token
 from mini_vllm.request import RequestStatus
 
 PROPERTY = settings(
     max_examples=150, deadline=None, derandomize=True, database=None,
     phases=[Phase.explicit, Phase.generate, Phase.shrink], report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-SHRINK_SECONDS = 15  # then hypothesis reports the smallest failing workload found so far
 
 
 # ------------------------------------------------------------------ helpers
@@ -332,22 +329,6 @@ def test_deltas_send_a_fraction_of_the_tokens(impl):
 
 # ---------------------------------------------------------------- properties
 
-@pytest.fixture
-def finished_lab(impl, monkeypatch):
-    """Fail at once while a region still raises NotImplementedError (hypothesis
-    would otherwise spend many seconds shrinking that failure), and keep the
-    shrinking of a real failure within the test's time limit."""
-    monkeypatch.setattr(hypothesis_engine, "MAX_SHRINKING_SECONDS", SHRINK_SECONDS)
-    workload = get_scenario("preemption_fcfs")
-    try:
-        run_workload(mini, workload, scheduler=make(impl, **workload.config))
-    except NotImplementedError as e:
-        pytest.fail(f"{e}: a lab region is not written yet.", pytrace=False)
-    except Exception:  # noqa: BLE001 - a real bug: let the property find and shrink it
-        pass
-    return impl
-
-
 class Worker:
     """A model runner's memory, rebuilt ONLY from what SchedulerOutput says.
 
@@ -488,13 +469,7 @@ def test_property_a_worker_replaying_your_deltas_stays_in_sync(finished_lab, wor
 @PROPERTY
 @given(workload=strategies.workloads())
 def test_property_same_trace_as_the_reference(finished_lab, workload):
-    try:
-        mismatch = checks.reference_mismatch(finished_lab.scheduler.Scheduler, workload)
-    except Exception as e:  # noqa: BLE001 - turned into a message
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        raise AssertionError(
-            f"Your scheduler raised {type(e).__name__}: {e} at `{where.line}` (line "
-            f"{where.lineno} of {where.filename}) on the workload below.") from e
+    mismatch = checks.reference_mismatch(finished_lab.scheduler.Scheduler, workload)
     assert mismatch is None, "Your scheduler and the reference differ:\n" + mismatch
 
 
@@ -504,13 +479,5 @@ def test_property_same_trace_as_the_reference(finished_lab, workload):
 @pytest.mark.parametrize("scenario", ["preemption_fcfs", "preemption_priority",
                                       "chunked_prefill"])
 def test_snapshot(impl, scenario):
-    try:
-        mismatch = checks.snapshot_mismatch(impl.scheduler.Scheduler, scenario)
-    except NotImplementedError:
-        raise
-    except Exception as e:  # noqa: BLE001 - turned into a message
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        pytest.fail(f"Scenario {scenario!r} (mini_vllm/oracle/scenarios.py): your scheduler "
-                    f"raised {type(e).__name__}: {e} at `{where.line}` (line {where.lineno} of "
-                    f"{where.filename}).", pytrace=False)
+    mismatch = checks.snapshot_mismatch(impl.scheduler.Scheduler, scenario)
     assert mismatch is None, mismatch

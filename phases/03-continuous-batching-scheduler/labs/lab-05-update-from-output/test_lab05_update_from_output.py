@@ -28,22 +28,21 @@ import zlib
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis.internal.conjecture import engine as hypothesis_engine
 
 import mini_vllm.testing as mini
 from mini_vllm.engine import FinishReason
 from mini_vllm.grading import checks
 from mini_vllm.oracle import strategies
-from mini_vllm.oracle.scenarios import get_scenario
-from mini_vllm.oracle.workload import fake_token, run_workload
+from mini_vllm.oracle.workload import fake_token
 from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import RequestStatus
 
+# What the finished_lab fixture (labs/conftest.py) runs first.
+FAIL_FAST_SCENARIO = "stop_conditions"
 PROPERTY = settings(
     max_examples=150, deadline=None, derandomize=True, database=None,
     phases=[Phase.explicit, Phase.generate, Phase.shrink], report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-SHRINK_SECONDS = 15  # then hypothesis reports the smallest failing workload found so far
 
 EOS = mini.EOS_TOKEN_ID
 STOPPED = RequestStatus.FINISHED_STOPPED
@@ -322,22 +321,6 @@ def test_abort_while_the_model_runs(impl):
 
 # ---------------------------------------------------------------- properties
 
-@pytest.fixture
-def finished_lab(impl, monkeypatch):
-    """Fail at once while a region still raises NotImplementedError (hypothesis
-    would otherwise spend many seconds shrinking that failure), and keep the
-    shrinking of a real failure within the test's time limit."""
-    monkeypatch.setattr(hypothesis_engine, "MAX_SHRINKING_SECONDS", SHRINK_SECONDS)
-    workload = get_scenario("stop_conditions")
-    try:
-        run_workload(mini, workload, scheduler=make(impl, **workload.config))
-    except NotImplementedError as e:
-        pytest.fail(f"{e}: a lab region is not written yet.", pytrace=False)
-    except Exception:  # noqa: BLE001 - a real bug: let the property find and shrink it
-        pass
-    return impl
-
-
 def first_stop(req, max_model_len):
     """(k, status, stop_reason) of the first output at which check_stop's
     rules end the request, or None."""
@@ -475,13 +458,7 @@ def test_property_first_stop_wins_with_several_tokens_per_step(finished_lab, wor
 @PROPERTY
 @given(workload=strategies.workloads())
 def test_property_same_trace_as_the_reference(finished_lab, workload):
-    try:
-        mismatch = checks.reference_mismatch(finished_lab.scheduler.Scheduler, workload)
-    except Exception as e:  # noqa: BLE001 - turned into a message
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        raise AssertionError(
-            f"Your scheduler raised {type(e).__name__}: {e} at `{where.line}` (line "
-            f"{where.lineno} of {where.filename}) on the workload below.") from e
+    mismatch = checks.reference_mismatch(finished_lab.scheduler.Scheduler, workload)
     assert mismatch is None, "Your scheduler and the reference differ:\n" + mismatch
 
 
@@ -490,13 +467,5 @@ def test_property_same_trace_as_the_reference(finished_lab, workload):
 @pytest.mark.points(1)
 @pytest.mark.parametrize("scenario", ["stop_conditions", "aborts"])
 def test_snapshot(impl, scenario):
-    try:
-        mismatch = checks.snapshot_mismatch(impl.scheduler.Scheduler, scenario)
-    except NotImplementedError:
-        raise
-    except Exception as e:  # noqa: BLE001 - turned into a message
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        pytest.fail(f"Scenario {scenario!r} (mini_vllm/oracle/scenarios.py): your scheduler "
-                    f"raised {type(e).__name__}: {e} at `{where.line}` (line {where.lineno} of "
-                    f"{where.filename}).", pytrace=False)
+    mismatch = checks.snapshot_mismatch(impl.scheduler.Scheduler, scenario)
     assert mismatch is None, mismatch
