@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import traceback
 
+import pytest
+
 from mini_vllm.core.kv_cache_utils import sha256
 from mini_vllm.oracle import kv_snapshots
 from mini_vllm.oracle.kv_workload import KVWorkload, first_kv_difference, run_kv_workload
@@ -69,6 +71,19 @@ def run(impl, workload: KVWorkload) -> dict:
     return run_kv_workload(
         backend, workload, manager=backend.create_kv_cache_manager(**workload.config),
         make_request=request_factory(impl, workload.config["block_size"]))
+
+
+def expect_raises(exc: type, call, rule: str) -> None:
+    """``call()`` must raise ``exc``; anything else fails with ``rule``."""
+    try:
+        call()
+    except NotImplementedError:     # a RuntimeError: test it before `exc`
+        raise
+    except exc:
+        return
+    except Exception as e:  # noqa: BLE001 - turned into a message
+        pytest.fail(f"{rule} It raised {type(e).__name__}: {e}.", pytrace=False)
+    pytest.fail(f"{rule} It raised nothing.", pytrace=False)
 
 
 def _raised(e: Exception, what: str) -> str:

@@ -208,6 +208,23 @@ def test_the_hit_is_the_longest_prefix_and_stops_at_the_first_miss(impl):
 
 
 @pytest.mark.points(1)
+def test_an_evicted_block_ends_the_hit_even_if_later_ones_are_cached(impl):
+    mgr = manager(impl)
+    a = request(impl, "a", prompt(1, 13))
+    run_whole(mgr, a)
+    table = list(mgr.req_to_blocks["a"])
+    mgr.free(a)
+    mgr.block_pool._maybe_evict_cached_block(table[1])  # as if reused by another request
+    blocks, n = mgr.get_computed_blocks(request(impl, "b", prompt(1, 13)))
+    assert (ids(blocks), n) == ([table[0].block_id], 4), (
+        f"a's 3 full blocks {[x.block_id for x in table[:3]]} were cached, then the second "
+        f"one was evicted (its KV is gone); the first and third are still in the cache. b has "
+        f"a's tokens, but its hit must stop at the hole: only [{table[0].block_id}] (4 tokens). "
+        f"The third block's KV was computed on top of the second block's and a hit must be a "
+        f"contiguous prefix: stop at the first miss. Got ({ids(blocks)}, {n}).")
+
+
+@pytest.mark.points(1)
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_the_last_token_is_never_a_hit(impl, k):
     mgr = manager(impl)

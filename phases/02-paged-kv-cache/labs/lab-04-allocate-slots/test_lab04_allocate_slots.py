@@ -20,6 +20,8 @@ workloads) and upstream's recorded traces.
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.internal.conjecture import engine as hypothesis_engine
@@ -59,12 +61,30 @@ def table(mgr, req_id: str) -> list[int]:
     return [b.block_id for b in mgr.req_to_blocks.get(req_id, [])]
 
 
+def alloc(mgr, req, n: int, *args, **kwargs):
+    """mgr.allocate_slots(req, n, ...), turning a crash inside it into a message."""
+    free = mgr.block_pool.get_num_free_blocks()
+    try:
+        return mgr.allocate_slots(req, n, *args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - turned into a message
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        pytest.fail(
+            f"allocate_slots({req.request_id}, {n}) with {free} free blocks raised "
+            f"{type(e).__name__}: {e} (at `{where.line}`, {where.filename}:{where.lineno}). "
+            "If the pool could not deliver the blocks, the count was wrong: every block the "
+            "step takes out of the free queue counts, hits with ref_cnt 0 included, and the "
+            "check comes before anything is taken. If caching failed, cache only tokens "
+            "that exist (lookahead slots hold none).", pytrace=False)
+
+
 def admit(mgr, req, n: int | None = None, **kwargs):
     """Look ``req`` up, then allocate_slots for ``n`` new tokens (default: the
     rest of its prompt); on success advance its computed tokens."""
     hits, hit_tokens = mgr.get_computed_blocks(req)
     n = req.num_tokens - hit_tokens if n is None else n
-    new = mgr.allocate_slots(req, n, hit_tokens, hits, **kwargs)
+    new = alloc(mgr, req, n, hit_tokens, hits, **kwargs)
     if new is not None:
         req.num_computed_tokens += hit_tokens + n
     return new
@@ -102,14 +122,14 @@ def test_slots_for_a_prompt_and_then_for_each_decode_token(impl):
         f"allocate_slots returned {ids(got)}.")
     for n in (11, 12):
         a.append_output_token_ids(n)
-        got = mgr.allocate_slots(a, 1)
+        got = alloc(mgr, a, 1)
         assert ids(got) == [], (
             f"Decoding token number {n} (position {n - 1}) fits in block 3, which covers "
             f"positions 8..11: no new block, and allocate_slots returns an EMPTY KVCacheBlocks "
             f"(None would mean 'no room'). Got {ids(got)}.")
         a.num_computed_tokens += 1
     a.append_output_token_ids(13)
-    got = mgr.allocate_slots(a, 1)
+    got = alloc(mgr, a, 1)
     assert ids(got) == [4] and table(mgr, "a") == [1, 2, 3, 4], (
         f"Token number 13 (position 12) starts a fourth block: allocate_slots returns only the "
         f"NEW block [4], and a's table grows to [1, 2, 3, 4]. Got {ids(got)}, table "
@@ -119,8 +139,10 @@ def test_slots_for_a_prompt_and_then_for_each_decode_token(impl):
 @pytest.mark.points(1)
 def test_zero_new_tokens_is_an_error(impl):
     mgr = manager(impl)
-    with pytest.raises(ValueError):
-        mgr.allocate_slots(request(impl, "a", prompt(1, 4)), 0)
+    a = request(impl, "a", prompt(1, 4))
+    kv_checks.expect_raises(ValueError, lambda: mgr.allocate_slots(a, 0),
+                            "allocate_slots(request, 0) is a caller's bug (the scheduler never "
+                            "schedules zero tokens): raise ValueError.")
 
 
 @pytest.mark.points(2)
@@ -156,13 +178,14 @@ def test_lookahead_slots_get_blocks_but_stop_at_max_model_len_and_are_not_cached
         "Only block 1 (tokens 0..3) is full of tokens that exist; lookahead slots hold no "
         "tokens yet, so cache up to min(computed + new tokens, request.num_tokens), never "
         "the lookahead.")
-    for t in range(6):
+    for t in range(7):
         a.append_output_token_ids(t + 1)
-        mgr.allocate_slots(a, 1, num_lookahead_tokens=4)
+        alloc(mgr, a, 1, num_lookahead_tokens=4)
         a.num_computed_tokens += 1
     assert table(mgr, "a") == [1, 2, 3, 4], (
-        f"At 12 tokens + 4 lookahead = 16 slots, max_model_len 14 caps the slots: cdiv(14, 4) "
-        f"= 4 blocks, never 5. Table: {table(mgr, 'a')}.")
+        f"At 13 tokens + 4 lookahead = 17 slots, max_model_len 14 caps the slots: cdiv(14, 4) "
+        f"= 4 blocks, never 5 (no position at or past max_model_len is ever computed). "
+        f"Table: {table(mgr, 'a')}.")
 
 
 # --------------------------------------------------------- running out
@@ -191,7 +214,7 @@ def test_a_running_request_that_cannot_grow_keeps_its_blocks(impl):
     admit(mgr, a)
     a.append_output_token_ids(1)
     before = snapshot(mgr)
-    assert mgr.allocate_slots(a, 1) is None, "token 13 needs a 4th block; none is free"
+    assert alloc(mgr, a, 1) is None, "token 13 needs a 4th block; none is free"
     unchanged(before, snapshot(mgr), "a running request's decode did not fit")
 
 
