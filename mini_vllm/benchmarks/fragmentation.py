@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mini_vllm.testing as mini
 from mini_vllm.core.kv_cache_manager import cdiv
@@ -55,6 +55,8 @@ class Result:
     kv_utilisation: float
     # The same at the peak of allocation, when memory is the bottleneck.
     utilisation_at_peak: float
+    # Per step: (running requests, tokens stored, slots allocated to them).
+    history: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
 
 
 def run(workload: list[tuple[int, int]], block_size: int, allocator: str,
@@ -72,15 +74,15 @@ def run(workload: list[tuple[int, int]], block_size: int, allocator: str,
     manager = sched.kv_cache_manager
     steps = running_sum = stored_sum = allocated_sum = peak = 0
     peak_allocated, peak_stored = 0, 0
+    history = []
     while sched.has_requests():
         out = sched.schedule()
-        result = sched.update_from_output(
-            out, mini.make_model_runner_output(sched, out, lambda r: 7))
-        del result
+        sched.update_from_output(out, mini.make_model_runner_output(sched, out, lambda r: 7))
         running = [r for r in sched.running]
         stored = sum(r.num_computed_tokens for r in running)
         allocated = sum(len(manager.req_to_blocks.get(r.request_id, ())) for r in running) \
             * block_size
+        history.append((len(running), stored, allocated))
         steps += 1
         running_sum += len(running)
         stored_sum += stored
@@ -91,7 +93,7 @@ def run(workload: list[tuple[int, int]], block_size: int, allocator: str,
     return Result(
         allocator=allocator, block_size=block_size, steps=steps, peak_running=peak,
         mean_running=running_sum / steps, kv_utilisation=stored_sum / allocated_sum,
-        utilisation_at_peak=peak_stored / peak_allocated)
+        utilisation_at_peak=peak_stored / peak_allocated, history=history)
 
 
 def static_waste(workload: list[tuple[int, int]], block_size: int = 16,
