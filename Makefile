@@ -15,7 +15,7 @@ help:
 	@echo "make test       full test suite, upstream oracle included"
 	@echo "make test-fast  tests that do not need the pinned upstream"
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
-	@echo "make snapshots  re-record the upstream snapshots the tests compare against"
+	@echo "make snapshots  re-record the upstream snapshots (scheduler and KV cache) the tests compare against"
 	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers"
 	@echo "make check-phase-03   grade your labs/ code for a phase (IMPL=ref: the reference)"
 	@echo "make check-lab-03.2   grade one lab"
@@ -69,6 +69,7 @@ snapshots: upstream
 bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.scheduler
 	$(BIN)/python -m mini_vllm.benchmarks.throughput
+	$(BIN)/python -m mini_vllm.benchmarks.fragmentation
 
 labs: setup
 	$(BIN)/python -m mini_vllm.grading generate

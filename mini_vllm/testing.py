@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from mini_vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from mini_vllm.core.kv_cache_manager import KVCacheManager
 from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
 from mini_vllm.core.sched.scheduler import Scheduler
 from mini_vllm.outputs import ModelRunnerOutput
@@ -20,6 +21,7 @@ from mini_vllm.sampling_params import SamplingParams
 EOS_TOKEN_ID = 50256  # the id upstream's scheduler tests use
 
 __all__ = ["EOS_TOKEN_ID", "RequestStatus", "create_scheduler", "create_requests",
+           "create_kv_cache_manager", "manager_state",
            "make_model_runner_output", "ModelRunnerOutput"]
 
 
@@ -119,3 +121,24 @@ def make_model_runner_output(
         req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
         sampled_token_ids=sampled,
     )
+
+
+def create_kv_cache_manager(
+    block_size: int = 16,
+    num_blocks: int = 10000,
+    max_model_len: int = 8192,
+    enable_caching: bool = True,
+    manager_cls: type | None = None,
+) -> KVCacheManager:
+    """A KV cache manager over ``num_blocks`` blocks (block 0 is the null
+    block), as the scheduler builds it (``mini_vllm.oracle.kv_workload``)."""
+    return (manager_cls or KVCacheManager)(num_blocks, block_size, max_model_len,
+                                           enable_caching=enable_caching)
+
+
+def manager_state(manager) -> dict:
+    """What a KV-cache trace records after each operation."""
+    from mini_vllm.oracle.kv_workload import pool_state
+
+    return pool_state(manager.block_pool, manager.req_to_blocks, manager.num_cached_block,
+                      manager.prefix_cache_stats)

@@ -12,6 +12,10 @@ Invariants kept:
   evicts it;
 - several blocks may carry the same hash (no de-duplication, so a running
   request's block table is append-only); lookups return the oldest.
+
+``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 02's labs hollow
+out (02.2: the null block, allocation, eviction, touch, free; 02.3: the
+prefix cache's lookup and registration).
 """
 
 from __future__ import annotations
@@ -36,13 +40,26 @@ class BlockPool:
         # bare block when there is one and switches to a dict on the second;
         # a dict always gives the same lookups with one code path.
         self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        # BEGIN LAB 02.2: the block pool: reserve the null block (block 0)
+        # HINT: block 0 is a placeholder that is never handed out, freed or cached:
+        # HINT: take it out of the free queue for good and mark it (is_null).
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
+        # END LAB 02.2
 
+    # BEGIN LAB 02.3: prefix cache: look a block hash up
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        """A block cached under ``block_hash``, or ``None``.
+
+        When several blocks carry the hash (two requests computed the same
+        prefix), return the one cached first.
+        """
+        # HINT: a plain dict keeps insertion order.
         blocks = self.cached_block_hash_to_block.get(block_hash)
         return next(iter(blocks.values())) if blocks else None
+    # END LAB 02.3
 
+    # BEGIN LAB 02.3: register newly full blocks in the prefix cache
     def cache_full_blocks(
         self,
         request: Request,
@@ -50,7 +67,15 @@ class BlockPool:
         num_cached_blocks: int,
         num_full_blocks: int,
     ) -> None:
-        """Register ``blocks[num_cached_blocks:num_full_blocks]`` by hash."""
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` by hash.
+
+        ``blocks`` is the request's whole block table; block ``i`` holds the
+        tokens hashed in ``request.block_hashes[i]``. Each block gets that
+        hash (``block.block_hash``) and joins
+        ``cached_block_hash_to_block[hash]`` under its block id. The null
+        block is never cached. Blocks with equal hashes are all kept.
+        """
+        # HINT: the blocks before num_cached_blocks were registered by an earlier call.
         if num_cached_blocks >= num_full_blocks:
             return
         assert len(request.block_hashes) >= num_full_blocks
@@ -61,9 +86,19 @@ class BlockPool:
             block_hash = request.block_hashes[i]
             blk.block_hash = block_hash
             self.cached_block_hash_to_block.setdefault(block_hash, {})[blk.block_id] = blk
+    # END LAB 02.3
 
+    # BEGIN LAB 02.2: allocate blocks from the front of the free queue
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Pop blocks off the front of the free queue, evicting cached ones."""
+        """Pop ``num_blocks`` blocks off the front of the free queue.
+
+        Raises ``ValueError`` (and takes nothing) when fewer are free. Each
+        block returned has ``ref_cnt == 1``. A block that still carries a
+        prefix-cache hash is evicted first: reusing it overwrites its KV, so
+        its hash must no longer lead anyone to it.
+        """
+        # HINT: one popleft_n; then, for each block, evict it if caching is on, and
+        # HINT: take the first reference.
         if num_blocks > self.get_num_free_blocks():
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         ret = self.free_block_queue.popleft_n(num_blocks)
@@ -73,8 +108,17 @@ class BlockPool:
             assert block.ref_cnt == 0
             block.ref_cnt = 1
         return ret
+    # END LAB 02.2
 
+    # BEGIN LAB 02.2: evict a block from the prefix cache
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """Drop ``block`` from the prefix cache if it is in it; True if it was.
+
+        Removes only this block id from ``cached_block_hash_to_block[hash]``
+        (other blocks may share the hash), drops the hash's entry once it
+        is empty, and clears the block's hash.
+        """
+        # HINT: block.block_hash is None for a block that was never cached.
         block_hash = block.block_hash
         if block_hash is None:
             return False
@@ -85,23 +129,41 @@ class BlockPool:
             del self.cached_block_hash_to_block[block_hash]
         block.reset_hash()
         return True
+    # END LAB 02.2
 
+    # BEGIN LAB 02.2: take a reference on blocks another request cached
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Take a reference on prefix-cache hits, pulling free ones out of the queue."""
+        """Take a reference on prefix-cache hits, pulling free ones out of the queue.
+
+        A hit block with ``ref_cnt == 0`` sits in the free queue (an eviction
+        candidate): it leaves the queue before its count goes up. The null
+        block is never in the queue.
+        """
+        # HINT: FreeKVCacheBlockQueue.remove unlinks a block from the middle in O(1).
         for block in blocks:
             if block.ref_cnt == 0 and not block.is_null:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
+    # END LAB 02.2
 
+    # BEGIN LAB 02.2: release blocks, keeping their eviction order
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block; blocks reaching zero join the
-        back of the free queue in the given order (first = evicted first)."""
+        back of the free queue in the given order (first = evicted first).
+
+        A freed block keeps its hash: it stays a prefix-cache hit until it is
+        reused. Blocks still held by another request, and the null block,
+        stay out of the queue.
+        """
+        # HINT: ordered_blocks may be a one-shot iterator (reversed(...)): make a list.
+        # HINT: one append_n for the blocks that reached zero, in the order given.
         blocks = list(ordered_blocks)
         for block in blocks:
             block.ref_cnt -= 1
         self.free_block_queue.append_n(
             [b for b in blocks if b.ref_cnt == 0 and not b.is_null]
         )
+    # END LAB 02.2
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only allowed when no block is in use."""

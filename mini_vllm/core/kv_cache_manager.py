@@ -21,6 +21,10 @@ Invariants kept:
   allocated, capped at ``request.num_tokens`` (tokens that really exist);
 - a hit never covers the whole prompt: the last token is always recomputed
   so the model produces logits for it.
+
+``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 02's labs hollow
+out (02.3: the prefix lookup and caching full blocks; 02.4: the block
+count, ``allocate_slots`` and ``free``).
 """
 
 from __future__ import annotations
@@ -80,13 +84,20 @@ class KVCacheManager:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
 
+    # BEGIN LAB 02.3: prefix cache: the longest cached prefix of a request
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """Longest run of cached full blocks that starts the request's tokens.
 
         Returns the blocks and the number of tokens they cover. At most
         ``num_tokens - 1`` tokens can hit, so the last prompt token is always
-        computed (its logits sample the first output token).
+        computed (its logits sample the first output token). With caching
+        off: no hits. Otherwise every lookup is recorded in
+        ``self.prefix_cache_stats`` (tokens asked, tokens hit, and whether
+        the request was preempted before), and "no hit" returns the shared
+        ``self.empty_kv_cache_blocks``.
         """
+        # HINT: walk request.block_hashes in order and stop at the first miss: a hash
+        # HINT: chains every block before it, so nothing after a miss can hit.
         if not self.enable_caching:
             return self.empty_kv_cache_blocks, 0
         max_num_blocks = (request.num_tokens - 1) // self.block_size
@@ -105,11 +116,21 @@ class KVCacheManager:
         if not hits:
             return self.empty_kv_cache_blocks, 0
         return KVCacheBlocks((hits,)), num_hit_tokens
+    # END LAB 02.3
 
+    # BEGIN LAB 02.4: allocate_slots: how many free blocks a request needs
     def _get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> int:
-        """Free blocks needed so the request has slots for ``num_tokens`` tokens."""
+        """Free blocks needed so the request has slots for ``num_tokens`` tokens.
+
+        The request already holds some blocks and is about to take
+        ``new_computed_blocks`` (prefix hits) too; only the rest must come
+        from the free queue. A hit that no request holds (``ref_cnt == 0``)
+        sits in the free queue, and taking it removes it from there, so it
+        costs free capacity as well.
+        """
+        # HINT: cdiv(num_tokens, self.block_size) blocks in all; never a negative count.
         num_required = cdiv(num_tokens, self.block_size)
         num_held = len(self.req_to_blocks.get(request_id, ()))
         num_new = max(num_required - num_held - len(new_computed_blocks), 0)
@@ -117,7 +138,9 @@ class KVCacheManager:
         # them from it, so they cost free capacity too.
         num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
         return num_new + num_evictable
+    # END LAB 02.4
 
+    # BEGIN LAB 02.4: give a request slots for its next tokens, or None
     def allocate_slots(
         self,
         request: Request,
@@ -138,7 +161,15 @@ class KVCacheManager:
         With ``full_sequence_must_fit`` (the admission gate the scheduler
         uses for waiting requests) it also returns ``None`` unless the
         *whole* request, not just this chunk, would fit right now.
+
+        On success, in this order: touch the hits and put them at the start
+        of the request's block table, append the new blocks, then (caching
+        on) register every block that is full once this step's tokens are
+        computed, counting only tokens that exist (``request.num_tokens``).
+        ``num_new_tokens == 0`` is a ``ValueError``.
         """
+        # HINT: the slots needed cover computed + hit + new (+ lookahead) tokens, capped
+        # HINT: at max_model_len. Check every way to fail BEFORE changing anything.
         if num_new_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
         new_computed = new_computed_blocks.blocks[0] if new_computed_blocks else ()
@@ -176,8 +207,17 @@ class KVCacheManager:
             # never count tokens that do not exist yet (lookahead slots).
             self.cache_blocks(request, min(total_computed_tokens + num_new_tokens, request.num_tokens))
         return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty_kv_cache_blocks
+    # END LAB 02.4
 
+    # BEGIN LAB 02.3: cache the request's blocks that are full
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register the request's blocks that ``num_computed_tokens`` tokens fill.
+
+        ``self.num_cached_block[request_id]`` counts the leading blocks of the
+        request already in the prefix cache; only the blocks after those and
+        up to the last full one are handed to ``BlockPool.cache_full_blocks``.
+        """
+        # HINT: a block is full when all block_size of its tokens are computed.
         request_id = request.request_id
         num_cached = self.num_cached_block.get(request_id, 0)
         num_full = num_computed_tokens // self.block_size
@@ -187,13 +227,22 @@ class KVCacheManager:
             request, self.req_to_blocks[request_id], num_cached, num_full
         )
         self.num_cached_block[request_id] = num_full
+    # END LAB 02.3
 
+    # BEGIN LAB 02.4: release a request's blocks, tail first
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so that the end of a
-        prefix is evicted before its beginning."""
+        prefix is evicted before its beginning.
+
+        Forgets the request (its block table and cached-block count). Freeing
+        a request that holds no blocks (aborted before it got any) is fine.
+        """
+        # HINT: BlockPool.free_blocks puts blocks that reach zero at the back of the
+        # HINT: free queue in the order given: the first one given is evicted first.
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.block_pool.free_blocks(reversed(blocks))
         self.num_cached_block.pop(request.request_id, None)
+    # END LAB 02.4
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         """Leading blocks shared by every request that holds blocks (cascade

@@ -14,6 +14,9 @@ Invariants kept:
   themselves, so removing a block from the middle is O(1);
 - a block hash chains its parent's hash, so equal hashes mean equal prefixes.
 
+``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 02's labs hollow
+out (02.1: the queue's operations; 02.3: block hashing).
+
 Difference: upstream seeds the chain with ``os.urandom`` unless
 PYTHONHASHSEED is set; mini_vllm always seeds it with ``sha256("0")``, so
 its hashes are reproducible and equal upstream's run with PYTHONHASHSEED=0.
@@ -101,14 +104,33 @@ class FreeKVCacheBlockQueue:
         prev.next_free_block = self.fake_free_list_tail
         self.fake_free_list_tail.prev_free_block = prev
 
+    # BEGIN LAB 02.1: the free-block queue: a doubly linked list in eviction order
     def popleft(self) -> KVCacheBlock:
+        """Take the front block (the next to evict) out of the queue and return it.
+
+        Raises ``ValueError`` when the queue is empty. The returned block is
+        unlinked (both of its links are ``None``) and ``num_free_blocks``
+        drops by one.
+        """
+        # HINT: the front block is fake_free_list_head.next_free_block; the queue is
+        # HINT: empty when that is the fake tail. Unlinking a block is remove()'s job.
         first = self.fake_free_list_head.next_free_block
         if first is self.fake_free_list_tail:
             raise ValueError("No free blocks available")
         self.remove(first)
         return first
+    # END LAB 02.1
 
+    # BEGIN LAB 02.1: pop n blocks at once
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Take the ``n`` front blocks out of the queue, front first.
+
+        ``n == 0`` returns ``[]``; more than ``num_free_blocks`` raises
+        ``ValueError`` and leaves the queue as it was. Every returned block
+        is unlinked. One pass: the head is re-linked once, after the loop.
+        """
+        # HINT: walk n blocks from the head, clearing each one's links as you go,
+        # HINT: then join the fake head to the first block you did not take.
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} free")
         ret = []
@@ -122,8 +144,17 @@ class FreeKVCacheBlockQueue:
         curr.prev_free_block = self.fake_free_list_head
         self.num_free_blocks -= n
         return ret
+    # END LAB 02.1
 
+    # BEGIN LAB 02.1: remove a block from the middle in O(1)
     def remove(self, block: KVCacheBlock) -> None:
+        """Unlink ``block`` from wherever it sits in the queue, in O(1).
+
+        A prefix-cache hit on a free block takes it out of the middle of the
+        queue this way. A block that is not in the queue (both links
+        ``None``) raises ``RuntimeError`` and changes nothing.
+        """
+        # HINT: join the block's two neighbours to each other, then clear its links.
         prev, nxt = block.prev_free_block, block.next_free_block
         if prev is None or nxt is None:
             raise RuntimeError(f"remove() called on a block not in the queue: {block}")
@@ -131,11 +162,20 @@ class FreeKVCacheBlockQueue:
         nxt.prev_free_block = prev
         block.prev_free_block = block.next_free_block = None
         self.num_free_blocks -= 1
+    # END LAB 02.1
 
+    # BEGIN LAB 02.1: append one block at the back
     def append(self, block: KVCacheBlock) -> None:
+        """Put ``block`` at the back of the queue (the last to be evicted)."""
         self.append_n([block])
+    # END LAB 02.1
 
+    # BEGIN LAB 02.1: append blocks at the back, in order
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
+        """Put ``blocks`` at the back of the queue, keeping their order:
+        ``blocks[0]`` will be evicted before ``blocks[1]``, and all of them
+        after every block already in the queue."""
+        # HINT: the current last block is fake_free_list_tail.prev_free_block.
         if not blocks:
             return
         last = self.fake_free_list_tail.prev_free_block
@@ -146,6 +186,7 @@ class FreeKVCacheBlockQueue:
         last.next_free_block = self.fake_free_list_tail
         self.fake_free_list_tail.prev_free_block = last
         self.num_free_blocks += len(blocks)
+    # END LAB 02.1
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """All free blocks, front (next to evict) first. For tests and plots."""
@@ -157,16 +198,25 @@ class FreeKVCacheBlockQueue:
         return ret
 
 
+# BEGIN LAB 02.3: prefix cache: hash one full block, chained on its parent's hash
 def hash_block_tokens(
     hash_function: Callable[[Any], bytes],
     parent_block_hash: BlockHash | None,
     curr_block_token_ids: Sequence[int],
     extra_keys: tuple[Any, ...] | None = None,
 ) -> BlockHash:
-    """Hash of one full block, chained on the hash of the block before it."""
+    """Hash of one full block, chained on the hash of the block before it.
+
+    The key hashed is the triple ``(parent hash, the block's token ids as a
+    tuple, extra_keys)``; the first block of a request has no parent and
+    chains on ``NONE_HASH`` instead. Upstream builds the same triple, so the
+    bytes equal upstream's (run with ``PYTHONHASHSEED=0``).
+    """
+    # HINT: a tuple, not a list: sha256() pickles the key, and the two pickle differently.
     if not parent_block_hash:
         parent_block_hash = NONE_HASH
     return BlockHash(hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys)))
+# END LAB 02.3
 
 
 def get_request_block_hasher(
@@ -175,6 +225,10 @@ def get_request_block_hasher(
     """A function that returns the hashes of a request's newly full blocks."""
 
     def request_block_hasher(request: Request) -> list[BlockHash]:
+        # BEGIN LAB 02.3: hash the blocks that became full since the last call
+        # HINT: request.block_hashes already holds one hash per block hashed before;
+        # HINT: hash only whole blocks of request.all_token_ids after those, each
+        # HINT: chained on the previous one (the last known hash, or None at the start).
         start = len(request.block_hashes) * block_size
         tokens = request.all_token_ids
         parent = request.block_hashes[-1] if request.block_hashes else None
@@ -184,5 +238,6 @@ def get_request_block_hasher(
             new_hashes.append(parent)
             start += block_size
         return new_hashes
+        # END LAB 02.3
 
     return request_block_hasher

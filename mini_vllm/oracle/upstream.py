@@ -35,6 +35,7 @@ from vllm.config import (  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core import kv_cache_utils  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
@@ -49,7 +50,7 @@ COMMIT = "0decac0d96c42b49572498019f0a0e3600f50398"
 _ARCH = "MiniVllmSchedulerStandIn"
 
 __all__ = ["EOS_TOKEN_ID", "RequestStatus", "ModelRunnerOutput", "create_scheduler",
-           "create_requests", "VERSION", "COMMIT"]
+           "create_requests", "create_kv_cache_manager", "manager_state", "VERSION", "COMMIT"]
 
 
 class _StandInModel(nn.Module):
@@ -133,13 +134,7 @@ def create_scheduler(
     if got != asked or got_cache != (block_size, enable_prefix_caching) or \
             vllm_config.model_config.max_model_len != max_model_len:
         raise RuntimeError(f"vllm rewrote the configuration: asked {asked}, got {got}, {got_cache}")
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(
-            ["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
-                                         dtype=torch.float32))],
-    )
+    kv_cache_config = _kv_cache_config(num_blocks, block_size)
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     return Scheduler(
         vllm_config=vllm_config,
@@ -148,6 +143,45 @@ def create_scheduler(
         block_size=block_size,
         log_stats=True,
     )
+
+
+def _kv_cache_config(num_blocks: int, block_size: int) -> KVCacheConfig:
+    """One full-attention KV-cache group of ``num_blocks`` blocks; no tensors."""
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(
+            ["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
+                                         dtype=torch.float32))],
+    )
+
+
+def create_kv_cache_manager(
+    block_size: int = 16,
+    num_blocks: int = 10000,
+    max_model_len: int = 8192,
+    enable_caching: bool = True,
+) -> KVCacheManager:
+    """Upstream's KVCacheManager with the arguments its Scheduler passes for
+    one full-attention group (no eagle, events or context parallelism), and
+    prefix-cache stats on."""
+    return KVCacheManager(
+        kv_cache_config=_kv_cache_config(num_blocks, block_size),
+        max_model_len=max_model_len,
+        hash_block_size=block_size,
+        enable_caching=enable_caching,
+        log_stats=True,
+    )
+
+
+def manager_state(manager: KVCacheManager) -> dict:
+    """What a KV-cache trace records after each operation. With one group the
+    coordinator holds one single-type manager, where the block tables live."""
+    from mini_vllm.oracle.kv_workload import pool_state
+
+    (single,) = manager.coordinator.single_type_managers
+    return pool_state(manager.block_pool, single.req_to_blocks, single.num_cached_block,
+                      manager.prefix_cache_stats)
 
 
 def create_requests(

@@ -70,6 +70,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PHASE_DOCS = sorted(REPO_ROOT.glob("phases/**/*.md"))
 PHASE_03 = REPO_ROOT / "phases" / "03-continuous-batching-scheduler"
 PHASE_03_FILES = ("00-guide.md", "01-deep-dive.md", "02-mini-build.md", "EXERCISES.md", "CHEATSHEET.md")
+PHASE_02 = REPO_ROOT / "phases" / "02-paged-kv-cache"
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _QUAL = rf"{_IDENT}(?:\.{_IDENT})*"
@@ -248,6 +249,23 @@ def check_mini_references(text: str, doc: str) -> tuple[list[str], int]:
 def test_phase_03_docs_are_there():
     missing = [name for name in PHASE_03_FILES if not (PHASE_03 / name).is_file()]
     assert not missing, f"missing from {PHASE_03.relative_to(REPO_ROOT)}: {missing}"
+
+
+def test_phase_02_docs_are_there():
+    missing = [name for name in PHASE_03_FILES if not (PHASE_02 / name).is_file()]
+    assert not missing, f"missing from {PHASE_02.relative_to(REPO_ROOT)}: {missing}"
+
+
+def test_the_phase_02_deep_dive_cites_upstream_throughout():
+    _, n = check_upstream_citations((PHASE_02 / "01-deep-dive.md").read_text(encoding="utf-8"),
+                                    "01-deep-dive.md")
+    assert n >= 60, f"the Phase 02 deep dive has only {n} checked upstream citations"
+
+
+def test_the_phase_02_mini_build_names_its_symbols():
+    _, n = check_mini_references((PHASE_02 / "02-mini-build.md").read_text(encoding="utf-8"),
+                                 "02-mini-build.md")
+    assert n >= 20, f"Phase 02's 02-mini-build.md checks only {n} mini_vllm references"
 
 
 @pytest.mark.parametrize("doc", PHASE_DOCS, ids=_rel)

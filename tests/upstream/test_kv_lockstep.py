@@ -1,0 +1,61 @@
+"""Live KV lockstep: mini_vllm's KVCacheManager and the pinned upstream's,
+operation for operation.
+
+Hypothesis generates pools (block size, tight to roomy, caching on or off)
+and operation sequences the way a scheduler issues them: prefix lookups,
+allocate_slots for prefill chunks and decode tokens (some with lookahead
+slots or the full-sequence gate), finishing, preemption and prefix-cache
+resets, on requests that share prefixes. After every operation the two
+managers must return the same blocks and hold the same state: free queue
+order, reference counts, cached blocks, block tables, cached-block counts
+and prefix-cache stats; at the end every request's block hashes must be
+byte-equal. A failure names the first operation and field that differ.
+
+MINI_VLLM_KV_LOCKSTEP_EXAMPLES sets the number of generated cases (default 1000).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import mini_vllm.testing as mini
+from mini_vllm.oracle.kv_strategies import kv_workloads
+from mini_vllm.oracle.kv_workload import first_kv_difference, run_kv_workload
+
+pytestmark = pytest.mark.upstream
+
+EXAMPLES = int(os.environ.get("MINI_VLLM_KV_LOCKSTEP_EXAMPLES", "1000"))
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    from mini_vllm.oracle import upstream as up
+    return up
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(workload=kv_workloads())
+def test_kv_lockstep_with_upstream(upstream, counts, workload):
+    expected = run_kv_workload(upstream, workload)
+    got = run_kv_workload(mini, workload)
+    counts["kv lockstep examples"] = counts.get("kv lockstep examples", 0) + 1
+    counts["kv lockstep operations"] = counts.get("kv lockstep operations", 0) + len(workload.ops)
+    failed = sum(r["op"][0] == "allocate" and r["result"] is None for r in expected["ops"])
+    hits = sum(r["op"][0] == "lookup" and r["result"][1] > 0 for r in expected["ops"])
+    counts["kv lockstep failed allocations"] = counts.get("kv lockstep failed allocations", 0) + failed
+    counts["kv lockstep lookups with hits"] = counts.get("kv lockstep lookups with hits", 0) + hits
+    diff = first_kv_difference(expected, got)
+    assert diff is None, f"{diff}\nconfig: {workload.config}\nops: {workload.ops}"
+
+
+def test_generated_kv_workloads_reach_failures_and_hits(counts):
+    """The generator must run pools dry and hit the prefix cache, or the
+    lockstep proves little. Runs after the lockstep test in this module."""
+    if counts.get("kv lockstep examples", 0) < 50:
+        pytest.skip("too few KV lockstep examples ran to judge coverage")
+    assert counts["kv lockstep failed allocations"] > 0, counts
+    assert counts["kv lockstep lookups with hits"] > 0, counts
