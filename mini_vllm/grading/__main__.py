@@ -93,12 +93,16 @@ def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_arg
     except ImportError:
         pass
     code = pytest.main([str(folder), "-p", "no:cacheprovider", "--tb=short", "-q",
-                        "--rootdir", str(R.REPO_ROOT), "--results", results, *pytest_args])
+                        "--rootdir", str(R.REPO_ROOT), "--results", results, "--no-score-table",
+                        *pytest_args])
     try:
         summary = json.loads(Path(results).read_text())
     except (OSError, ValueError):
         print("No results were written: the suite did not run.")
         return 1
+    from mini_vllm.grading.plugin import _graded, score_table
+
+    print(f"\nScore ({_graded()}):\n{score_table(summary)}\nresults: {results}")
     full = summary["max_score"] > 0 and summary["score"] == summary["max_score"]
     return 0 if full and code == 0 else 1
 
