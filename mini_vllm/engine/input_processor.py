@@ -59,6 +59,10 @@ class InputProcessor:
                 f"it must be shorter than max_model_len={self.max_model_len} so that at "
                 "least one token can be generated.")
         params = copy.deepcopy(params) if params is not None else SamplingParams()
+        if params.stop and self.tokenizer is None:
+            # Upstream: "stop strings are only supported when detokenize is True".
+            raise ValueError(f"Request {request_id!r}: stop strings need a tokenizer, and "
+                             "this model has none.")
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(token_ids)
         params.update_from_generation_config(self.generation_config, self.eos_token_id)
