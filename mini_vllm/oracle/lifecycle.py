@@ -186,6 +186,49 @@ def final_outputs(records: list[StepRecord]) -> dict[str, dict]:
     return out
 
 
+def student_engine(impl, loaded, monkeypatch, **config):
+    """An LLMEngine running every Phase 01 lab region of ``impl`` (see
+    ``mini_vllm.grading.impl``): its Request class (built by the input
+    processor), its detokenizer (built by the output processor), its
+    ``LLMEngine.step`` and its ``EngineCore.step``. ``monkeypatch`` is
+    pytest's (anything with ``setattr(obj, name, value)`` that is undone later)."""
+    import mini_vllm.engine.input_processor as input_processor
+    import mini_vllm.engine.output_processor as output_processor
+
+    monkeypatch.setattr(input_processor, "Request", impl.request.Request)
+    monkeypatch.setattr(output_processor, "IncrementalDetokenizer",
+                        impl.detokenizer.IncrementalDetokenizer)
+    engine = make_engine(loaded, engine_cls=impl.llm_engine.LLMEngine, **config)
+    # LLMEngine.__init__ (no lab) builds the reference EngineCore; the
+    # student's class subclasses it and re-opens only step().
+    engine.engine_core.__class__ = impl.core.EngineCore
+    return engine
+
+
+FIELDS = ("statuses", "scheduled", "preempted", "finished_in_core", "new_token_ids",
+          "core_finish", "text", "finish_reason", "stop_reason", "free_blocks")
+
+
+def first_difference(expected: list[StepRecord], got: list[StepRecord],
+                     fields=FIELDS) -> str | None:
+    """The first step and field where two traces differ, in words; None if equal."""
+    for e, g in zip(expected, got):
+        for name in fields:
+            ev, gv = getattr(e, name), getattr(g, name)
+            if ev == gv:
+                continue
+            where = f"after step {e.step}" if e.step else "after add_request (before step 1)"
+            if isinstance(ev, dict) and isinstance(gv, dict):
+                k = next(k for k in sorted(set(ev) | set(gv)) if ev.get(k) != gv.get(k))
+                return (f"{where}, {name}[{k!r}]: the reference has {ev.get(k, '(absent)')!r}, "
+                        f"yours {gv.get(k, '(absent)')!r}")
+            return f"{where}, {name}: the reference has {ev!r}, yours {gv!r}"
+    if len(expected) != len(got):
+        return (f"the reference's run took {len(expected) - 1} steps and yours {len(got) - 1} "
+                f"(the first {min(len(expected), len(got)) - 1} agree)")
+    return None
+
+
 def status_history(records: list[StepRecord], rid: str) -> list[str]:
     return [rec.statuses[rid] for rec in records]
 
