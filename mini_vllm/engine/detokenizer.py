@@ -1,10 +1,10 @@
 """Turn output token ids into text, a few tokens at a time, and find stop strings.
 
 Mirrors upstream ``vllm/v1/engine/detokenizer.py`` at v0.22.1: the stop
-logic of ``BaseIncrementalDetokenizer`` (:67; ``update`` :93,
-``get_next_output_text`` :150), the decoding of its slow, tokenizer-agnostic
+logic of ``BaseIncrementalDetokenizer`` (:68; ``update`` :95,
+``get_next_output_text`` :148), the decoding of its slow, tokenizer-agnostic
 subclass ``SlowIncrementalDetokenizer`` (:250), and ``check_stop_strings``
-(:315). Left out: the fast path on ``tokenizers.DecodeStream``, special-token
+(:309). Left out: the fast path on ``tokenizers.DecodeStream``, special-token
 spacing options, delta (streaming) output text.
 
 Why incremental is subtle: one token can be half of a character (byte-level

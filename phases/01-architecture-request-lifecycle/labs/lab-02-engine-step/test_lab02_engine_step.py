@@ -28,7 +28,7 @@ def built(impl, loaded, monkeypatch):
 @pytest.mark.timeout(120)
 def test_empty_engine_step_does_not_schedule(impl, loaded, monkeypatch):
     """With no request at all, EngineCore.step returns empty outputs and
-    neither schedules nor counts a step (upstream core.py:440)."""
+    neither schedules nor counts a step (upstream vllm/v1/engine/core.py:437)."""
     engine = built(impl, loaded, monkeypatch)
     core = engine.engine_core
     calls = []
@@ -101,7 +101,7 @@ def test_stop_string_request_is_aborted_in_core(impl, student_run, workload):
     assert end.statuses[rid] == "FINISHED_ABORTED", (
         f"step {end.step}: the front end finished {rid!r} on stop string {stop!r}, but its "
         f"Request is still {end.statuses[rid]} in EngineCore. LLMEngine.step must call "
-        "engine_core.abort_requests(processed.reqs_to_abort) (upstream llm_engine.py:310).")
+        "engine_core.abort_requests(processed.reqs_to_abort) (upstream vllm/v1/engine/llm_engine.py:309).")
     later = [rec.step for rec in records if rec.step > end.step and rid in rec.scheduled]
     assert not later, f"{rid!r} finished at step {end.step} but was scheduled again at {later}"
     assert records[-1].free_blocks == records[0].free_blocks, (

@@ -49,7 +49,7 @@ def explain(text, new, stop, include) -> str:
 @PROPERTY
 @given(data=st.data(), text=TEXT, stop=STOPS, include=st.booleans())
 def test_check_stop_strings_matches_upstream(impl, data, text, stop, include):
-    """Same result as upstream's check_stop_strings (detokenizer.py:315) on
+    """Same result as upstream's check_stop_strings (vllm/v1/engine/detokenizer.py:309) on
     any text, count of new characters, stop list and include flag."""
     from vllm.v1.engine.detokenizer import check_stop_strings as upstream_check
 
