@@ -10,7 +10,9 @@ What it does for each request: tokenize a text prompt; reject an empty one
 or one that leaves no room for output within max_model_len; copy the
 sampling parameters (the caller's object is never changed), fill
 ``max_tokens`` when unset (max_model_len - prompt length, as upstream), and
-record the model's EOS token; attach the block hasher for prefix caching.
+record the model's EOS token; attach the block hasher for prefix caching;
+refuse stop strings when the model has no tokenizer (upstream refuses them
+without detokenization, vllm/sampling_params.py:540).
 """
 
 from __future__ import annotations

@@ -76,6 +76,22 @@ def test_finished_state_matches_upstream(impl):
             "FINISHED_LENGTH_CAPPED -> length, FINISHED_ABORTED -> abort.")
 
 
+@pytest.mark.points(1)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("status", list(RequestStatus), ids=[s.name for s in RequestStatus])
+def test_finished_state_of_every_status(impl, status):
+    """Without upstream: the same rule, checked against the reference enum's
+    own static methods (the order of RequestStatus is the logic)."""
+    mine = call("Request()", lambda: make(impl.request.Request, [1, 2, 3]))
+    mine.status = status
+    want = (RequestStatus.is_finished(status), RequestStatus.get_finished_reason(status))
+    got = (call("", mine.is_finished), call("", mine.get_finished_reason))
+    assert got == want, (
+        f"status {status.name}: (is_finished(), get_finished_reason()) should be {want}, "
+        f"yours {got}. Every status after PREEMPTED is finished; the reason comes from "
+        "RequestStatus.get_finished_reason (None while the request lives).")
+
+
 @pytest.mark.upstream
 @pytest.mark.points(2)
 @pytest.mark.timeout(120)

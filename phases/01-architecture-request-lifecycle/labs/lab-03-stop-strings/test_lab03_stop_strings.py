@@ -120,6 +120,8 @@ CASES = [
      1, False),
     ("no stop string inside the first min_tokens tokens' text", "Say:", " x. y. z. w.",
      dict(stop=["."], min_tokens=3), 1, False),
+    ("tokens crossing min_tokens in one update: only text after the min_tokens-th is searched",
+     "Say:", " x. y. z. w.", dict(stop=["."], min_tokens=2), 4, False),
     ("the first stop string in the list wins", "Say:", " red green blue",
      dict(stop=["blue", "green"]), 4, False),
     ("a stop-terminated last token's text is left out", "Say:", " one two three",
