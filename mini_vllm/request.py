@@ -70,7 +70,15 @@ class Request:
         self._block_hasher = block_hasher
         self.update_block_hashes()
 
+    # BEGIN LAB 01.1: a request's token bookkeeping and its finished state
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        """Record newly sampled token(s): one id or a list of ids.
+
+        They are outputs and also part of the whole sequence, and any block
+        they fill up must get its hash (prefix caching looks blocks up by it).
+        """
+        # HINT: two lists grow (self._output_token_ids, self._all_token_ids);
+        # HINT: then self.update_block_hashes().
         if isinstance(token_ids, int):
             self._output_token_ids.append(token_ids)
             self._all_token_ids.append(token_ids)
@@ -78,29 +86,43 @@ class Request:
             self._output_token_ids.extend(token_ids)
             self._all_token_ids.extend(token_ids)
         self.update_block_hashes()
+    # END LAB 01.1
 
     def update_block_hashes(self) -> None:
         """Hash any block that became full since the last call."""
         if self._block_hasher is not None:
             self.block_hashes.extend(self._block_hasher(self))
 
+    # BEGIN LAB 01.1
     @property
     def num_tokens(self) -> int:
+        """Prompt plus output tokens so far."""
         return len(self._all_token_ids)
+    # END LAB 01.1
 
     @property
     def num_tokens_with_spec(self) -> int:
         return len(self._all_token_ids) + len(self.spec_token_ids)
 
+    # BEGIN LAB 01.1
     @property
     def num_output_tokens(self) -> int:
+        """Tokens sampled so far (a resumed request keeps its earlier ones)."""
         return len(self._output_token_ids)
+    # END LAB 01.1
 
+    # BEGIN LAB 01.1
     def is_finished(self) -> bool:
+        """Whether the request's status is one of the FINISHED_* statuses."""
+        # HINT: RequestStatus has a staticmethod for this (the enum order is the logic).
         return RequestStatus.is_finished(self.status)
+    # END LAB 01.1
 
+    # BEGIN LAB 01.1
     def get_finished_reason(self) -> FinishReason | None:
+        """STOP, LENGTH or ABORT for a finished request; None for a live one."""
         return RequestStatus.get_finished_reason(self.status)
+    # END LAB 01.1
 
     def __lt__(self, other: Request) -> bool:
         """Order used by the PRIORITY queue: priority, arrival, then id."""

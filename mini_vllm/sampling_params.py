@@ -2,8 +2,11 @@
 
 Mirrors upstream ``vllm/sampling_params.py`` (class ``SamplingParams``, :168) at
 v0.22.1: the same field names, defaults and validation messages for the
-fields mini_vllm supports. Left out: ``n > 1``, penalties, ``min_p``, stop
-strings, bad words, logit bias, structured outputs, prompt logprobs.
+fields mini_vllm supports. Left out: ``n > 1``, penalties, ``min_p``, bad
+words, logit bias, structured outputs, prompt logprobs, ``detokenize`` (mini
+always detokenizes when the model has a tokenizer) and
+``output_text_buffer_length`` (the detokenizer computes its own hold-back,
+``stop_buffer_length``, as upstream's detokenizer does).
 
 Invariants kept:
 - every bad value raises ``ValueError`` naming the field, at construction;
@@ -27,11 +30,15 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    # Strings that end the request when they appear in the output text
+    # (checked by the front end's detokenizer, not by the scheduler).
+    stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None
+    include_stop_str_in_output: bool = False
     # Filled in by the engine from the model's generation config.
     _eos_token_id: int | None = field(default=None, repr=False)
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
@@ -42,6 +49,12 @@ class SamplingParams:
             self.temperature = _MAX_TEMP
         if self.seed == -1:
             self.seed = None
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
         if self.stop_token_ids is None:
             self.stop_token_ids = []
         else:
@@ -76,6 +89,10 @@ class SamplingParams:
             raise ValueError(
                 f"stop_token_ids must contain only integers, got {self.stop_token_ids}."
             )
+        if not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must contain only strings, got {self.stop}.")
+        if any(not stop_str for stop_str in self.stop):
+            raise ValueError("stop cannot contain an empty string.")
         if self.logprobs is not None and self.logprobs != -1 and self.logprobs < 0:
             raise ValueError(f"logprobs must be non-negative or -1, got {self.logprobs}.")
         if self.seed is not None and not isinstance(self.seed, int):

@@ -72,7 +72,18 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
+    # BEGIN LAB 01.2
     def step(self) -> EngineCoreOutputs:
+        """Schedule, run the model, take in its output: one engine step.
+
+        With no request in the scheduler (none waiting, running, or finished
+        and not yet reported) there is nothing to do: return empty outputs
+        without calling schedule(). Also count the step, its preemptions and
+        its scheduled tokens (``num_steps``, ``num_preemptions``,
+        ``num_scheduled_tokens``).
+        """
+        # HINT: self.scheduler has has_requests(), schedule(), update_from_output();
+        # HINT: self.model_runner.execute_model(scheduler_output) runs the model and samples.
         if not self.scheduler.has_requests():
             return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()
@@ -81,3 +92,4 @@ class EngineCore:
         self.num_scheduled_tokens += scheduler_output.total_num_scheduled_tokens
         model_output = self.model_runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, model_output)
+    # END LAB 01.2

@@ -10,7 +10,9 @@ What it does for each request: tokenize a text prompt; reject an empty one
 or one that leaves no room for output within max_model_len; copy the
 sampling parameters (the caller's object is never changed), fill
 ``max_tokens`` when unset (max_model_len - prompt length, as upstream), and
-record the model's EOS token; attach the block hasher for prefix caching.
+record the model's EOS token; attach the block hasher for prefix caching;
+refuse stop strings when the model has no tokenizer (upstream refuses them
+without detokenization, vllm/sampling_params.py:540).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ class InputProcessor:
                 f"it must be shorter than max_model_len={self.max_model_len} so that at "
                 "least one token can be generated.")
         params = copy.deepcopy(params) if params is not None else SamplingParams()
+        if params.stop and self.tokenizer is None:
+            # Upstream: "stop strings are only supported when detokenize is True".
+            raise ValueError(f"Request {request_id!r}: stop strings need a tokenizer, and "
+                             "this model has none.")
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(token_ids)
         params.update_from_generation_config(self.generation_config, self.eos_token_id)

@@ -2,7 +2,8 @@
 
 Mirrors upstream ``vllm/v1/engine/llm_engine.py`` (``LLMEngine`` :47:
 ``add_request`` :209, ``step`` :287, ``abort_request`` :203,
-``has_unfinished_requests`` :182) at v0.22.1. Left out: the engine-core client/process split, multiple
+``has_unfinished_requests`` :182) at v0.22.1. ``record_stats`` stands in for
+upstream's stats loggers (``logger_manager.record`` inside ``step``). Left out: the engine-core client/process split, multiple
 engines, stats loggers, LoRA, pooling, n > 1.
 
 Pieces, in the order a request meets them: InputProcessor (tokenize,
@@ -96,26 +97,44 @@ class LLMEngine:
         self.engine_core.add_request(request)
         self.output_processor.add_request(
             request_id, prompt_text, request.prompt_token_ids, request.arrival_time,
-            want_logprobs=request.sampling_params.logprobs is not None)
+            request.sampling_params)
 
     def abort_request(self, request_ids: str | list[str]) -> None:
+        """Abort from the user: forget in the front end, then free in EngineCore."""
         if isinstance(request_ids, str):
             request_ids = [request_ids]
+        request_ids = self.output_processor.abort_requests(request_ids)
         self.engine_core.abort_requests(request_ids)
-        self.output_processor.abort_requests(request_ids)
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()
 
+    # BEGIN LAB 01.2: one front-end step: core outputs in, RequestOutputs out, stop strings aborted
     def step(self) -> list[RequestOutput]:
+        """Run one EngineCore step and turn its outputs into RequestOutputs.
+
+        A request that the output processor finished on a stop string is
+        still running in EngineCore: abort it there, so that its KV blocks
+        are freed and it is never scheduled again.
+        """
+        # HINT: upstream's four steps (llm_engine.py:287): get the core's outputs,
+        # HINT: process them, abort processed.reqs_to_abort, record the stats
+        # HINT: (self.record_stats(outputs.scheduler_stats)).
         outputs = self.engine_core.step()
-        stats = outputs.scheduler_stats
-        if stats is not None:
-            total, new = self.prefix_cache_stats, stats.prefix_cache_stats
-            for name in ("requests", "queries", "hits", "preempted_requests",
-                         "preempted_queries", "preempted_hits"):
-                setattr(total, name, getattr(total, name) + getattr(new, name))
-        return self.output_processor.process_outputs(outputs)
+        processed = self.output_processor.process_outputs(outputs)
+        self.engine_core.abort_requests(processed.reqs_to_abort)
+        self.record_stats(outputs.scheduler_stats)
+        return processed.request_outputs
+    # END LAB 01.2
+
+    def record_stats(self, stats) -> None:
+        """Add one step's prefix-cache counts to the totals ``get_stats`` reports."""
+        if stats is None:
+            return
+        total, new = self.prefix_cache_stats, stats.prefix_cache_stats
+        for name in ("requests", "queries", "hits", "preempted_requests",
+                     "preempted_queries", "preempted_hits"):
+            setattr(total, name, getattr(total, name) + getattr(new, name))
 
     def get_stats(self) -> dict:
         """Totals since start: steps, preemptions, tokens, prefix-cache hits."""

@@ -71,6 +71,7 @@ PHASE_DOCS = sorted(REPO_ROOT.glob("phases/**/*.md"))
 PHASE_03 = REPO_ROOT / "phases" / "03-continuous-batching-scheduler"
 PHASE_03_FILES = ("00-guide.md", "01-deep-dive.md", "02-mini-build.md", "EXERCISES.md", "CHEATSHEET.md")
 PHASE_02 = REPO_ROOT / "phases" / "02-paged-kv-cache"
+PHASE_01 = REPO_ROOT / "phases" / "01-architecture-request-lifecycle"
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _QUAL = rf"{_IDENT}(?:\.{_IDENT})*"
@@ -254,6 +255,20 @@ def test_phase_03_docs_are_there():
 def test_phase_02_docs_are_there():
     missing = [name for name in PHASE_03_FILES if not (PHASE_02 / name).is_file()]
     assert not missing, f"missing from {PHASE_02.relative_to(REPO_ROOT)}: {missing}"
+
+
+def test_phase_01_docs_are_there():
+    missing = [name for name in PHASE_03_FILES if not (PHASE_01 / name).is_file()]
+    assert not missing, f"missing from {PHASE_01.relative_to(REPO_ROOT)}: {missing}"
+
+
+def test_the_phase_01_deep_dive_and_mini_build_cite_throughout():
+    _, n = check_upstream_citations((PHASE_01 / "01-deep-dive.md").read_text(encoding="utf-8"),
+                                    "01-deep-dive.md")
+    assert n >= 60, f"the Phase 01 deep dive has only {n} checked upstream citations"
+    _, n = check_mini_references((PHASE_01 / "02-mini-build.md").read_text(encoding="utf-8"),
+                                 "02-mini-build.md")
+    assert n >= 20, f"Phase 01's 02-mini-build.md checks only {n} mini_vllm references"
 
 
 def test_the_phase_02_deep_dive_cites_upstream_throughout():
