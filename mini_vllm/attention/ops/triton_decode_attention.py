@@ -123,9 +123,14 @@ def _decode_merge_kernel(
     # Split s summed exp(score - m_s). Bring all onto the global max M:
     # multiply by w_s = exp(m_s - M) (0 for an empty split, whose m_s = -inf).
     # softmax(scores) @ V = sum_s w_s acc_s / sum_s w_s l_s.
+    # BEGIN LAB 04.3: the split-KV merge (stage 2) in Triton
+    # HINT: m, l: [SPLITS_PAD]; acc: [SPLITS_PAD, HEAD_PAD]; padded or empty
+    # HINT: splits hold m = -inf, l = 0, acc = 0. Produce out: [HEAD_PAD], float32.
+    # HINT: tl.max / tl.sum(x, axis=0) reduce over the splits; tl.exp; broadcast with [:, None].
     m_all = tl.max(m, axis=0)  # finite: split 0 always holds key 0
     w = tl.exp(m - m_all)
     out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    # END LAB 04.3
 
     tok = tl.load(query_start_loc_ptr + req).to(tl.int64)
     tl.store(out_ptr + tok * out_stride_tok + head * out_stride_head + dims,
