@@ -1,9 +1,9 @@
 """Merge two partial attention results by their log-sum-exp, and the online
 softmax built on that merge (torch, the reference for the kernels' inner loops).
 
-Mirrors upstream ``merge_attn_states`` (vllm/v1/attention/ops/merge_attn_states.py:9),
-with the semantics of the Triton kernel it falls back to off CUDA
-(``merge_attn_states_kernel`` (triton_merge_attn_states.py:58)) at v0.22.1. Left
+Mirrors upstream ``vllm/v1/attention/ops/merge_attn_states.py`` (``merge_attn_states``
+:9) at v0.22.1, with the semantics of the Triton kernel it falls back to off
+CUDA (``merge_attn_states_kernel`` (triton_merge_attn_states.py:58)). Left
 out: FP8 output (``output_scale``) and ``prefill_tokens_with_context`` (upstream
 copies the suffix for tokens past it; here every token is merged).
 
