@@ -73,10 +73,11 @@ def your_kernel(impl):
                 f"construct Triton does not support, or a shape error):\n{e}") from e
 
 
-def partials(num_reqs, num_heads, num_splits, head_size, empty, seed):
-    """Random stage-1 results; the splits in ``empty`` (never 0) saw no key."""
+def partials(num_reqs, num_heads, num_splits, head_size, empty, seed, offset=0.0):
+    """Random stage-1 results; the splits in ``empty`` (never 0) saw no key.
+    ``offset`` shifts every max score (large logits)."""
     g = torch.Generator().manual_seed(seed)
-    m = torch.randn(num_reqs, num_heads, num_splits, generator=g) * 3
+    m = torch.randn(num_reqs, num_heads, num_splits, generator=g) * 3 + offset
     l = torch.rand(num_reqs, num_heads, num_splits, generator=g) * 5 + 0.5
     acc = torch.randn(num_reqs, num_heads, num_splits, head_size, generator=g) * l[..., None]
     m[:, :, empty], l[:, :, empty], acc[:, :, empty] = float("-inf"), 0.0, 0.0
@@ -101,7 +102,9 @@ def merged_by_torch(m, l, acc):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_merge_kernel_on_stage1_partials(impl, num_splits, empty, dtype):
     R, H, D = 3, 4, 24  # D not a power of 2: HEAD_PAD = 32 with masked lanes
-    m, l, acc = partials(R, H, num_splits, D, empty, seed=num_splits)
+    # float32 only: max scores around 200, where exp(m) overflows float32.
+    offset = 200.0 if dtype == torch.float32 else 0.0
+    m, l, acc = partials(R, H, num_splits, D, empty, seed=num_splits, offset=offset)
     want = merged_by_torch(m, l, acc).to(dtype)
     qsl = torch.tensor([0, 2, 3, 5], dtype=torch.int32)  # request i writes row qsl[i]
     out = torch.full((6, H, D), 7.0, dtype=dtype, device=DEVICE)
@@ -112,10 +115,15 @@ def test_merge_kernel_on_stage1_partials(impl, num_splits, empty, dtype):
             HEAD_SIZE=D, HEAD_PAD=32)
     out = out.cpu()
     atol, rtol = TOL[dtype]
+    if offset:
+        # The torch fold goes through lse_s = m_s + log l_s near 200, whose float32
+        # ulp is 1.5e-5: its weights carry that much rounding, so allow 1e-4.
+        atol, rtol = 1e-4, 1e-4
     torch.testing.assert_close(
         out[qsl[:-1].long()], want, atol=atol, rtol=rtol, equal_nan=False,
         msg=lambda msg: f"Merging {num_splits} splits (empty: {empty or 'none'}; SPLITS_PAD "
-        f"{triton.next_power_of_2(num_splits)}) must give softmax over all the keys: with "
+        f"{triton.next_power_of_2(num_splits)}; max scores around {offset:.0f}, so exp(m) "
+        "alone would overflow float32) must give softmax over all the keys: with "
         "M = max_s m_s and w_s = exp(m_s - M), out = sum_s w_s acc_s / sum_s w_s l_s "
         f"(an empty split has w_s = 0), stored as {dtype}.\n{msg}")
     untouched = [r for r in range(6) if r not in qsl[:-1].tolist()]
