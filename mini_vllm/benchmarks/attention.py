@@ -179,7 +179,7 @@ def main(argv=None) -> None:
         for row in timing(lens, num_reqs=4 if quick else 32, dtype=dtype, device=device,
                           repeats=3 if quick else 20, **shape):
             print(f"  {dtype} context {row['context_len']}: torch {row['torch_ms']:.3f} ms, "
-                  f"triton {row['triton_ms']:.3f} ms, torch/triton {row['torch/triton']:.2f}")
+                  f"triton {row['triton_ms']:.3f} ms, torch/triton {row['torch/triton']:.3g}")
 
 
 if __name__ == "__main__":
