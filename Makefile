@@ -16,7 +16,7 @@ help:
 	@echo "make test-fast  tests that do not need the pinned upstream"
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
 	@echo "make snapshots  re-record the upstream snapshots (scheduler and KV cache) the tests compare against"
-	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers"
+	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers; attention backends"
 	@echo "make check-phase-03   grade your labs/ code for a phase (IMPL=ref: the reference)"
 	@echo "make check-lab-03.2   grade one lab"
 	@echo "make labs       regenerate labs/ starters (never overwrites your code)"
@@ -70,6 +70,7 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.scheduler
 	$(BIN)/python -m mini_vllm.benchmarks.throughput
 	$(BIN)/python -m mini_vllm.benchmarks.fragmentation
+	$(BIN)/python -m mini_vllm.benchmarks.attention
 
 labs: setup
 	$(BIN)/python -m mini_vllm.grading generate

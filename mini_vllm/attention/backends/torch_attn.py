@@ -1,11 +1,13 @@
 """Reference paged attention in plain torch: the definition the kernels must meet.
 
 Plays the role of upstream's attention backends (for example
-``vllm/v1/attention/backends/triton_attn.py``) with none of their speed:
-it gathers each request's keys and values out of the paged cache and runs
-ordinary causal attention (torch's ``scaled_dot_product_attention``), one
-request at a time, in float32. Left out:
-everything that makes a backend fast.
+``TritonAttentionImpl.forward`` (vllm/v1/attention/backends/triton_attn.py:526))
+with none of their speed: it stores the new keys and values at their slots
+(upstream: ``do_kv_cache_update`` (triton_attn.py:720) calling
+``triton_reshape_and_cache_flash``), then gathers each request's keys and
+values out of the paged cache through its block table and runs ordinary
+causal attention (torch's ``scaled_dot_product_attention``), one request at a
+time, in float32. Left out: everything that makes a backend fast.
 """
 
 from __future__ import annotations
@@ -21,33 +23,42 @@ class TorchAttentionImpl(AttentionImpl):
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
         n = attn_metadata.num_actual_tokens
         block_size = kv_cache.shape[2]
+        slot_mapping = attn_metadata.slot_mapping[:n]
         # 1. Store the new keys and values in their slots.
-        slots = attn_metadata.slot_mapping[:n]
-        blocks, offsets = slots // block_size, slots % block_size
+        # BEGIN LAB 04.2: reshape_and_cache and the paged gather, in torch
+        # HINT: slot s is offset s % block_size of block s // block_size;
+        # HINT: kv_cache[block, 0, offset] holds a key, kv_cache[block, 1, offset] its value.
+        blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
         kv_cache[blocks, 0, offsets] = key[:n].to(kv_cache.dtype)
         kv_cache[blocks, 1, offsets] = value[:n].to(kv_cache.dtype)
+        # END LAB 04.2
 
         # 2. Attend, request by request: the query rows are the last q_len
         #    positions of a sequence of seq_len tokens, so row r (position
         #    seq_len - q_len + r) may see key positions 0 .. seq_len - q_len + r.
-        #    softmax(q k^T * scale + mask) v, with KV head h // group serving
-        #    query head h (GQA), is exactly what SDPA computes with enable_gqa.
         out = torch.zeros_like(query)
         starts = attn_metadata.query_start_loc.tolist()
         seq_lens = attn_metadata.seq_lens.tolist()
+        group = self.num_heads // self.num_kv_heads
         for i, seq_len in enumerate(seq_lens):
             q = query[starts[i]:starts[i + 1]].float().transpose(0, 1)  # [H, q_len, D]
             q_len = q.shape[1]
+            # BEGIN LAB 04.2
+            # HINT: k, v: [seq_len, num_heads, head_size], key position j of this
+            # HINT: request = offset j % block_size of block block_table[i, j // block_size].
+            # HINT: GQA: query head h reads KV head h // group (repeat_interleave, not repeat).
+            # HINT: mask: [q_len, seq_len] bool, True where key position <= query position.
             num_blocks = -(-seq_len // block_size)
             table = attn_metadata.block_table[i, :num_blocks].long()
             k = kv_cache[table, 0].reshape(-1, self.num_kv_heads, self.head_size)[:seq_len]
             v = kv_cache[table, 1].reshape(-1, self.num_kv_heads, self.head_size)[:seq_len]
-            mask = None
-            if q_len > 1:
-                q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-                mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+            # END LAB 04.2
             o = F.scaled_dot_product_attention(
                 q, k.float().transpose(0, 1), v.float().transpose(0, 1),
-                attn_mask=mask, scale=self.scale, enable_gqa=True)
+                attn_mask=mask, scale=self.scale)
             out[starts[i]:starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
         return out

@@ -120,12 +120,19 @@ def _decode_merge_kernel(
     acc = tl.load(part_acc_ptr + row[:, None] * HEAD_SIZE + dims[None, :],
                   mask=split_ok[:, None] & dim_ok[None, :], other=0.0)
 
+    # BEGIN LAB 04.3: the split-KV merge (stage 2) in Triton
+    # HINT: split s holds m_s (its max score), l_s = sum exp(score - m_s) and
+    # HINT: acc_s = sum exp(score - m_s) * v over its keys. Padded or empty splits
+    # HINT: hold m = -inf, l = 0, acc = 0. Shapes: m, l [SPLITS_PAD]; acc [SPLITS_PAD, HEAD_PAD].
+    # HINT: produce out [HEAD_PAD] (float32) = softmax over ALL the keys, times V.
+    # HINT: tl.max(x, axis=0), tl.sum(x, axis=0), tl.exp; broadcast with w[:, None].
     # Split s summed exp(score - m_s). Bring all onto the global max M:
     # multiply by w_s = exp(m_s - M) (0 for an empty split, whose m_s = -inf).
     # softmax(scores) @ V = sum_s w_s acc_s / sum_s w_s l_s.
     m_all = tl.max(m, axis=0)  # finite: split 0 always holds key 0
     w = tl.exp(m - m_all)
     out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+    # END LAB 04.3
 
     tok = tl.load(query_start_loc_ptr + req).to(tl.int64)
     tl.store(out_ptr + tok * out_stride_tok + head * out_stride_head + dims,
