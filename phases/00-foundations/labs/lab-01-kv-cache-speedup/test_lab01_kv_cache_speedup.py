@@ -122,7 +122,11 @@ def test_with_cache_feeds_each_position_once(impl, tiny_qwen3):
 
 
 @pytest.mark.points(3)
-def test_property_prompt_lengths_and_steps(impl, tiny_qwen3, hf_greedy):
+def test_property_prompt_lengths_and_steps(impl, tiny_qwen3, hf_greedy, monkeypatch):
+    # Past this, hypothesis stops shrinking a failure and reports the smallest
+    # failing example found so far, so a failing property ends quickly.
+    from hypothesis.internal.conjecture import engine
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", 10, raising=False)
     _, model, hf = tiny_qwen3
     fns = impl.kv_cache_speedup
     pm = paged(impl, model, max_model_len=64)
