@@ -72,6 +72,21 @@ def test_engine_allocates_what_the_spec_says(tiny_qwen3):
         llm.llm_engine.vllm_config.cache_config.num_gpu_blocks <= 777_777
 
 
+def test_layers_with_different_kv_shapes_are_refused():
+    from types import SimpleNamespace
+
+    from mini_vllm.worker.gpu_worker import kv_cache_spec_of
+
+    layers = [SimpleNamespace(num_kv_heads=2, head_size=32), SimpleNamespace(num_kv_heads=4, head_size=32)]
+    model = SimpleNamespace(attention_layers=lambda: layers)
+    with pytest.raises(ValueError, match="same KV shape"):
+        kv_cache_spec_of(model, 16, torch.float32)
+    spec, n = kv_cache_spec_of(SimpleNamespace(attention_layers=lambda: layers[:1] * 3), 16,
+                               torch.bfloat16)
+    assert (spec, n) == (kv.FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=32,
+                                              dtype=torch.bfloat16), 3)
+
+
 def test_kv_cache_too_small_is_a_clear_error(tiny_qwen3):
     folder, _ = tiny_qwen3
     with pytest.raises(ValueError, match="KV cache too small"):

@@ -5,6 +5,10 @@ Mirrors upstream ``vllm/v1/engine/core.py`` (``EngineCore`` :94:
 :374, ``step`` :428) at v0.22.1. Left out: the busy loop and ZMQ process boundary
 (``EngineCoreProc``), batch queues, async scheduling, utility calls.
 
+The KV cache is sized from one ``FullAttentionSpec`` shared by every
+attention layer (``mini_vllm.kv_cache_interface``, the same arithmetic as
+upstream's), in ``worker/gpu_worker.py``.
+
 The scheduler class is pluggable (``SchedulerConfig.scheduler_cls``, as
 upstream): anything with mini_vllm's Scheduler interface can drive the real
 model, which is how the labs run a student's scheduler.
