@@ -71,6 +71,7 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.throughput
 	$(BIN)/python -m mini_vllm.benchmarks.fragmentation
 	$(BIN)/python -m mini_vllm.benchmarks.attention
+	$(BIN)/python -m mini_vllm.benchmarks.kv_cache_speedup
 
 labs: setup
 	$(BIN)/python -m mini_vllm.grading generate

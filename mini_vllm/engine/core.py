@@ -5,6 +5,10 @@ Mirrors upstream ``vllm/v1/engine/core.py`` (``EngineCore`` :94:
 :374, ``step`` :428) at v0.22.1. Left out: the busy loop and ZMQ process boundary
 (``EngineCoreProc``), batch queues, async scheduling, utility calls.
 
+The KV cache is sized from one ``FullAttentionSpec`` shared by every
+attention layer (``mini_vllm.kv_cache_interface``, the same arithmetic as
+upstream's), in ``worker/gpu_worker.py``.
+
 The scheduler class is pluggable (``SchedulerConfig.scheduler_cls``, as
 upstream): anything with mini_vllm's Scheduler interface can drive the real
 model, which is how the labs run a student's scheduler.
@@ -21,7 +25,7 @@ from mini_vllm.core.sched.scheduler import Scheduler
 from mini_vllm.engine import EngineCoreOutputs
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.worker.gpu_model_runner import GPUModelRunner
-from mini_vllm.worker.gpu_worker import allocate_kv_caches, determine_num_blocks, kv_cache_bytes_per_block
+from mini_vllm.worker.gpu_worker import allocate_kv_caches, determine_num_blocks, kv_cache_spec_of
 
 
 def resolve_scheduler_cls(scheduler_cls) -> type:
@@ -42,13 +46,11 @@ class EngineCore:
                  device: torch.device, dtype: torch.dtype, attention_backend: str) -> None:
         self.vllm_config = vllm_config
         cache = vllm_config.cache_config
-        layers = model.attention_layers()
-        first = layers[0]
-        self.bytes_per_block = kv_cache_bytes_per_block(
-            len(layers), cache.block_size, first.num_kv_heads, first.head_size, dtype)
+        self.kv_cache_spec, self.num_layers = kv_cache_spec_of(model, cache.block_size, dtype)
+        self.bytes_per_block = self.kv_cache_spec.page_size_bytes * self.num_layers
         num_blocks = determine_num_blocks(
-            bytes_per_block=self.bytes_per_block,
-            block_size=cache.block_size,
+            kv_cache_spec=self.kv_cache_spec,
+            num_layers=self.num_layers,
             max_model_len=vllm_config.model_config.max_model_len,
             num_gpu_blocks_override=cache.num_gpu_blocks_override,
             kv_cache_memory_bytes=cache.kv_cache_memory_bytes,

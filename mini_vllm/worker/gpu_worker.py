@@ -5,6 +5,10 @@ Mirrors upstream ``vllm/v1/worker/gpu_worker.py`` (``Worker`` :109:
 the sizing in ``get_num_blocks`` (../core/kv_cache_utils.py:935) at v0.22.1.
 Left out: profiling runs, distributed setup, sleep mode, CUDA graphs.
 
+The arithmetic (bytes per block, blocks per budget) is not done here: it
+comes from ``mini_vllm.kv_cache_interface`` (``FullAttentionSpec``,
+``get_num_blocks``), the one place mini_vllm computes KV-cache sizes.
+
 The KV cache is one tensor per attention layer, shaped
 ``(num_blocks, 2, block_size, num_kv_heads, head_size)``. Its size comes
 from, in order of precedence: an explicit block count, a byte budget, or a
@@ -20,14 +24,20 @@ import os
 import torch
 
 from mini_vllm.attention.backend import get_attn_backend, get_kv_cache_shape
-from mini_vllm.core.kv_cache_manager import cdiv
+from mini_vllm.kv_cache_interface import FullAttentionSpec, cdiv, get_num_blocks
 
 
-def kv_cache_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int,
-                             head_size: int, dtype: torch.dtype) -> int:
-    """Keys + values of every layer for one block of tokens."""
-    element = torch.tensor([], dtype=dtype).element_size()
-    return num_layers * 2 * block_size * num_kv_heads * head_size * element
+def kv_cache_spec_of(model: torch.nn.Module, block_size: int,
+                     dtype: torch.dtype) -> tuple[FullAttentionSpec, int]:
+    """(the spec every attention layer shares, the number of layers), as
+    upstream's ``get_kv_cache_spec`` collects one spec per layer."""
+    layers = model.attention_layers()
+    specs = {FullAttentionSpec(block_size=block_size, num_kv_heads=layer.num_kv_heads,
+                               head_size=layer.head_size, dtype=dtype) for layer in layers}
+    if len(specs) != 1:
+        raise ValueError(f"mini_vllm needs every attention layer to have the same KV shape, "
+                         f"got {sorted(map(str, specs))}")
+    return specs.pop(), len(layers)
 
 
 def device_memory_bytes(device: torch.device) -> tuple[int, int]:
@@ -41,8 +51,8 @@ def device_memory_bytes(device: torch.device) -> tuple[int, int]:
 
 def determine_num_blocks(
     *,
-    bytes_per_block: int,
-    block_size: int,
+    kv_cache_spec: FullAttentionSpec,
+    num_layers: int,
     max_model_len: int,
     num_gpu_blocks_override: int | None,
     kv_cache_memory_bytes: int | None,
@@ -50,8 +60,10 @@ def determine_num_blocks(
     device: torch.device,
 ) -> int:
     """How many KV blocks to allocate (block 0, the null block, included)."""
+    block_size = kv_cache_spec.block_size
+    bytes_per_block = kv_cache_spec.page_size_bytes * num_layers
+    budget = 0
     if num_gpu_blocks_override is not None:
-        num_blocks = num_gpu_blocks_override
         source = f"num_gpu_blocks_override={num_gpu_blocks_override}"
     else:
         if kv_cache_memory_bytes is not None:
@@ -65,7 +77,8 @@ def determine_num_blocks(
             budget = int(total * gpu_memory_utilization) - used
             source = (f"gpu_memory_utilization={gpu_memory_utilization} of "
                       f"{total / 2**30:.1f} GiB with {used / 2**30:.1f} GiB in use")
-        num_blocks = max(budget, 0) // bytes_per_block
+    num_blocks = get_num_blocks(num_layers, max(budget, 0), kv_cache_spec.page_size_bytes,
+                                num_gpu_blocks_override)
     needed = cdiv(max_model_len, block_size) + 1
     if num_blocks < needed:
         raise ValueError(
