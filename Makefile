@@ -15,7 +15,7 @@ help:
 	@echo "make test       full test suite, upstream oracle included"
 	@echo "make test-fast  tests that do not need the pinned upstream"
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
-	@echo "make snapshots  re-record the upstream snapshots (scheduler and KV cache) the tests compare against"
+	@echo "make snapshots  re-record the upstream snapshots (scheduler, KV cache, KV sizing) the tests compare against"
 	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers; attention backends"
 	@echo "make check-phase-03   grade your labs/ code for a phase (IMPL=ref: the reference)"
 	@echo "make check-lab-03.2   grade one lab"

@@ -1,6 +1,6 @@
 """Upstream's KV-cache sizing, recorded on real model configs.
 
-    python -m mini_vllm.oracle.kv_sizing   # re-record tests/snapshots/kv_sizing/upstream.json
+    python -m mini_vllm.oracle record --only kv_sizing   # re-record tests/snapshots/kv_sizing/upstream.json
 
 For each case (a model from mini_vllm/benchmarks/data/model_configs.json,
 a block size, a dtype, a byte budget, a request length, optionally
@@ -82,12 +82,5 @@ def record() -> list[dict]:
     return [{"case": case, "upstream": upstream_sizing(case)} for case in cases()]
 
 
-def main() -> None:
-    RECORDING.parent.mkdir(parents=True, exist_ok=True)
-    records = record()
-    RECORDING.write_text(json.dumps(records, indent=1) + "\n")
-    print(f"wrote {len(records)} cases to {RECORDING}")
-
-
-if __name__ == "__main__":
-    main()
+def dumps(records: list[dict]) -> str:
+    return json.dumps(records, indent=1) + "\n"

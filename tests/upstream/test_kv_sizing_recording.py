@@ -41,3 +41,11 @@ def test_mini_vllm_sizing_equals_upstream_live():
                                                            case["max_model_len"])) == (
             up["page_size_bytes"], up["max_memory_usage_bytes"], up["num_blocks"],
             up["kv_cache_tensor_bytes"], up["max_concurrency"]), case
+
+
+def test_make_snapshots_rewrites_the_file_byte_for_byte(tmp_path):
+    """`make snapshots` (python -m mini_vllm.oracle record) re-records this file too."""
+    from mini_vllm.oracle.__main__ import main
+
+    assert main(["record", "--only", "kv_sizing", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / kv_sizing.RECORDING.name).read_bytes() == kv_sizing.RECORDING.read_bytes()
