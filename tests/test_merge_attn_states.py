@@ -62,6 +62,9 @@ def test_merge_without_output_lse_and_in_half_precision():
 
 
 @pytest.mark.upstream
+# Upstream's kernel computes inf - inf for the all-empty rows (its output there
+# is NaN by design); the interpreter runs it in numpy, which warns.
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
 def test_matches_upstream_triton_merge_with_inf_cases():
     import triton
     import triton.language as tl
