@@ -32,7 +32,7 @@ class IncrementalDetokenizer(_reference.IncrementalDetokenizer):
         # HINT: unless include_stop_str_in_output.
         # HINT: search only text made by these tokens, and none made while
         # HINT: num_output_tokens() <= min_tokens.
-            # HINT: check_stop_strings says which string and where to cut (-1: nowhere).
+        # HINT: check_stop_strings says which string and where to cut (-1: nowhere).
         raise NotImplementedError('Lab 01.3: detokenize the new tokens, then look for a stop string (labs/phase_01/detokenizer.py)')
     # END LAB 01.3
 

@@ -107,9 +107,9 @@ class IncrementalDetokenizer:
         if skipped_stop_token_id is not None:
             self.token_ids.append(skipped_stop_token_id)
 
+        # HINT: check_stop_strings says which string and where to cut (-1: nowhere).
         stop_string = None
         if self.stop and self.num_output_tokens() > self.min_tokens:
-            # HINT: check_stop_strings says which string and where to cut (-1: nowhere).
             stop = check_stop_strings(
                 output_text=self.output_text,
                 new_char_count=len(self.output_text) - stop_check_offset,

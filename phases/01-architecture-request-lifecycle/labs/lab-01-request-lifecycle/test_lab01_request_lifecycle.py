@@ -146,7 +146,9 @@ def test_appends_keep_counts_and_block_hashes(impl, prompt, appends):
             f"{where}: block size 4, {ref.num_tokens} tokens, so {len(ref.block_hashes)} full "
             f"blocks must be hashed, yours has {len(mine.block_hashes)} hashes. Call "
             "self.update_block_hashes() after appending: prefix caching finds blocks by them.")
-        assert mine.block_hashes == ref.block_hashes
+        assert mine.block_hashes == ref.block_hashes, (
+            f"{where}: the block hashes differ from the reference's. Hash blocks only through "
+            "self.update_block_hashes(), once per append, after both token lists have grown.")
 
 
 # ------------------------------------------------- inside the scheduler
