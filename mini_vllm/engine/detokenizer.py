@@ -90,36 +90,30 @@ class IncrementalDetokenizer:
             return None
         # HINT: a stop-terminated last token is counted but not decoded,
         # HINT: unless include_stop_str_in_output.
-        if stop_terminated and not self.include_stop_str_in_output:
-            skipped_stop_token_id = new_token_ids[-1]
-            new_token_ids = new_token_ids[:-1]
-        else:
-            skipped_stop_token_id = None
+        hide_last = stop_terminated and not self.include_stop_str_in_output
+        to_decode = new_token_ids[:-1] if hide_last else new_token_ids
 
         # HINT: search only text made by these tokens, and none made while
         # HINT: num_output_tokens() <= min_tokens.
-        stop_check_offset = len(self.output_text)
-        for token_id in new_token_ids:
+        search_from = len(self.output_text)
+        for token_id in to_decode:
             self.token_ids.append(token_id)
             self.output_text += self.decode_next(token_id)
-            if self.min_tokens and self.num_output_tokens() <= self.min_tokens:
-                stop_check_offset = len(self.output_text)
-        if skipped_stop_token_id is not None:
-            self.token_ids.append(skipped_stop_token_id)
+            if self.num_output_tokens() <= self.min_tokens:
+                search_from = len(self.output_text)
+        if hide_last:
+            self.token_ids.append(new_token_ids[-1])
 
         # HINT: check_stop_strings says which string and where to cut (-1: nowhere).
-        stop_string = None
-        if self.stop and self.num_output_tokens() > self.min_tokens:
-            stop = check_stop_strings(
-                output_text=self.output_text,
-                new_char_count=len(self.output_text) - stop_check_offset,
-                stop=self.stop,
-                include_in_output=self.include_stop_str_in_output,
-            )
-            if stop is not None:
-                stop_string, truncate_to = stop
-                if truncate_to != -1:
-                    self.output_text = self.output_text[:truncate_to]
+        if not self.stop or self.num_output_tokens() <= self.min_tokens:
+            return None
+        match = check_stop_strings(self.output_text, len(self.output_text) - search_from,
+                                   self.stop, self.include_stop_str_in_output)
+        if match is None:
+            return None
+        stop_string, truncate_to = match
+        if truncate_to != -1:
+            self.output_text = self.output_text[:truncate_to]
         return stop_string
     # END LAB 01.3
 
@@ -146,17 +140,17 @@ def check_stop_strings(output_text: str, new_char_count: int, stop: list[str],
     # HINT: nothing new (new_char_count == 0) or no stop strings: None.
     # HINT: a stop string of length L can start up to L - 1 characters before
     # HINT: the new text: str.find(s, start) accepts a negative start.
-    if not new_char_count or not stop:
+    if new_char_count == 0 or not stop:
         return None
     for stop_str in stop:
-        stop_string_len = len(stop_str)
-        stop_index = output_text.find(stop_str, 1 - new_char_count - stop_string_len)
-        if stop_index == -1:
+        # Negative: counted from the end of the text, as str.find does.
+        window_start = -(new_char_count + len(stop_str) - 1)
+        start = output_text.find(stop_str, window_start)
+        if start == -1:
             continue
-        if include_in_output:
-            stop_index += stop_string_len
-            if stop_index >= len(output_text):
-                return stop_str, -1
-        return stop_str, stop_index
+        if not include_in_output:
+            return stop_str, start
+        end = start + len(stop_str)
+        return stop_str, (-1 if end >= len(output_text) else end)
     return None
 # END LAB 01.3
