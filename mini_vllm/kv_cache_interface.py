@@ -82,11 +82,9 @@ def get_num_blocks(num_layers: int, available_memory: int, page_size: int,
     ``num_layers`` layers of ``page_size`` bytes each (block 0, the null
     block, included); an override, when given, wins."""
     # HINT: upstream divides by the page size, then by the number of layers, rounding down.
-    num_blocks = int(available_memory // page_size // num_layers)
-    num_blocks = max(num_blocks, 0)
     if num_gpu_blocks_override is not None:
-        num_blocks = num_gpu_blocks_override
-    return num_blocks
+        return num_gpu_blocks_override
+    return max(int(available_memory // page_size // num_layers), 0)
 # END LAB 00.2
 
 
@@ -97,10 +95,10 @@ def get_max_concurrency_for_kv_cache_config(num_blocks: int, kv_cache_spec: Full
     divided by the blocks one ``max_model_len`` request needs (a float)."""
     # HINT: per request: num_layers layers, each max_memory_usage_bytes; per block:
     # HINT: num_layers pages. Round the blocks per request up; do not round the result.
-    max_memory_usage_per_request = num_layers * kv_cache_spec.max_memory_usage_bytes(max_model_len)
-    memory_per_block = kv_cache_spec.page_size_bytes * num_layers
-    num_block_per_request = cdiv(max_memory_usage_per_request, memory_per_block)
-    return num_blocks / num_block_per_request
+    bytes_per_request = num_layers * kv_cache_spec.max_memory_usage_bytes(max_model_len)
+    bytes_per_block = num_layers * kv_cache_spec.page_size_bytes
+    blocks_per_request = cdiv(bytes_per_request, bytes_per_block)
+    return num_blocks / blocks_per_request
 # END LAB 00.2
 
 
