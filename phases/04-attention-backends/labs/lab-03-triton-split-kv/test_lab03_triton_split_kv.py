@@ -176,7 +176,7 @@ def test_engine_triton_backend_greedy_tokens(impl, tiny_llama):
     with your_kernel(impl):
         llm = LLM(path, max_model_len=128, kv_cache_memory_bytes=4 << 20, block_size=8,
                   max_num_batched_tokens=64, max_num_seqs=4, attention_backend="triton",
-                  device=DEVICE)
+                  device=DEVICE, dtype="float32")  # "auto" is bfloat16 on CUDA; HF's is float32
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                             SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
                             use_tqdm=False)
