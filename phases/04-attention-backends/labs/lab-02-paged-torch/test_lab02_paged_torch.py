@@ -7,7 +7,7 @@ its keys and values back through its block table, giving query head h the
 KV head h // group, and the causal mask of a chunk over cached context.
 
 The oracle is attention from its definition, in float64, over the same keys
-and values kept unpaged (``conftest.py``); the batches use shuffled block
+and values kept unpaged (``dense_attention`` in ``phase04_helpers.py``); the batches use shuffled block
 ids, partial last blocks and NaN in every slot that holds no token. At the
 end your backend runs a tiny Llama through the engine and must produce
 HuggingFace transformers' greedy tokens.
@@ -138,8 +138,11 @@ def test_engine_greedy_tokens_equal_transformers(impl, tiny_llama, monkeypatch):
     path, hf = tiny_llama
     student = impl.torch_attn.TorchAttentionImpl
     monkeypatch.setattr(gpu_worker, "get_attn_backend", lambda name: student)
+    # float32 on every device: "auto" would pick bfloat16 on CUDA, and HF's
+    # reference tokens are float32.
     llm = LLM(path, max_model_len=128, kv_cache_memory_bytes=4 << 20, block_size=4,
-              max_num_batched_tokens=8, max_num_seqs=4, attention_backend="torch")
+              max_num_batched_tokens=8, max_num_seqs=4, attention_backend="torch",
+              device="cuda" if torch.cuda.is_available() else "cpu", dtype="float32")
     assert type(llm.llm_engine.model.attention_layers()[0].impl) is student
     prompts = [[(7 * i + 13 * j) % 509 + 3 for j in range(3 + 7 * i)] for i in range(4)]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],

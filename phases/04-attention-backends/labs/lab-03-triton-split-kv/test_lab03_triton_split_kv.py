@@ -167,12 +167,16 @@ def test_decode_attention_matches_torch_backend(impl, paged, dtype, num_splits):
 def test_engine_triton_backend_greedy_tokens(impl, tiny_llama):
     # The engine's Triton backend: prefills use the prefill kernel, every
     # decode step (max_query_len 1) the split-KV kernel with your merge.
+    # decode_attention picks cdiv(max_seq_len, 32) splits (tiles of 32): the
+    # 37-token prompt makes it 2, so the steps really merge splits (with
+    # prompts under 32 keys there is one split and any merge that returns
+    # acc / l would pass).
     path, hf = tiny_llama
-    prompts = [[(7 * i + 13 * j) % 509 + 3 for j in range(3 + 11 * i)] for i in range(3)]
+    prompts = [[(7 * i + 13 * j) % 509 + 3 for j in range(3 + 17 * i)] for i in range(3)]
     with your_kernel(impl):
         llm = LLM(path, max_model_len=128, kv_cache_memory_bytes=4 << 20, block_size=8,
                   max_num_batched_tokens=64, max_num_seqs=4, attention_backend="triton",
-                  device=DEVICE)
+                  device=DEVICE, dtype="float32")  # "auto" is bfloat16 on CUDA; HF's is float32
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                             SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
                             use_tqdm=False)
