@@ -1,4 +1,5 @@
-"""Helpers to build and drive a mini_vllm Scheduler without a model.
+"""Helpers to build and drive a mini_vllm Scheduler without a model, and the
+transformers greedy loop that model runs are compared against (``hf_greedy``).
 
 The keyword names follow upstream's test helpers (tests/v1/core/utils.py:
 ``create_scheduler``, ``create_requests``), and ``mini_vllm.oracle.upstream``
@@ -142,3 +143,20 @@ def manager_state(manager) -> dict:
 
     return pool_state(manager.block_pool, manager.req_to_blocks, manager.num_cached_block,
                       manager.prefix_cache_stats)
+
+
+def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
+    """The n tokens a transformers model picks greedily after ``prompt_ids``:
+    a plain loop over its own KV cache, no EOS handling, no padding (so
+    nothing can differ from mini_vllm's ``ignore_eos`` runs)."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model(torch.tensor([prompt_ids], device=device), use_cache=True)
+        tokens = []
+        for _ in range(n):
+            tokens.append(int(out.logits[0, -1].argmax()))
+            out = model(torch.tensor([[tokens[-1]]], device=device),
+                        past_key_values=out.past_key_values, use_cache=True)
+    return tokens

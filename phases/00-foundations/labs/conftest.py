@@ -14,24 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mini_vllm import testing as mini_testing
+
 
 @pytest.fixture(scope="session")
 def hf_greedy():
     """transformers' greedy tokens: ``hf_greedy(hf_model, prompt_ids, n)``."""
-    return _hf_greedy
-
-
-@torch.no_grad()
-def _hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
-    """The n tokens transformers picks greedily after ``prompt_ids`` (its own KV cache)."""
-    out = model(torch.tensor([prompt_ids]), use_cache=True)
-    past, tokens = out.past_key_values, []
-    for _ in range(n):
-        tok = int(out.logits[0, -1].argmax())
-        tokens.append(tok)
-        out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
-        past = out.past_key_values
-    return tokens
+    return mini_testing.hf_greedy
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import torch
 from mini_vllm.model_executor.model_loader import load_model
 from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
 from mini_vllm.oracle import lifecycle
+from mini_vllm.testing import hf_greedy
 
 
 @pytest.fixture(scope="session")
@@ -67,17 +68,3 @@ def hf_greedy_tokens(tiny_folder, loaded, workload):
     tok = loaded.tokenizer
     return {rid: hf_greedy(model, tok.encode(prompt), lifecycle.MAX_TOKENS)
             for rid, prompt in workload.prompts.items()}
-
-
-@torch.no_grad()
-def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
-    """The n tokens transformers picks greedily after ``prompt_ids`` (the
-    same plain loop as tests/hf_reference.py)."""
-    out = model(torch.tensor([prompt_ids]), use_cache=True)
-    past, tokens = out.past_key_values, []
-    for _ in range(n):
-        tok = int(out.logits[0, -1].argmax())
-        tokens.append(tok)
-        out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
-        past = out.past_key_values
-    return tokens

@@ -83,18 +83,3 @@ def dense_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
         p = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1)
         outs.append(torch.einsum("htn,nhd->thd", p, v))
     return torch.cat(outs)
-
-
-# A copy of tests/hf_reference.py's loop (tests/ is not importable from phases/).
-@torch.no_grad()
-def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
-    """The n tokens transformers picks greedily after ``prompt_ids``."""
-    device = next(model.parameters()).device
-    out = model(torch.tensor([prompt_ids], device=device), use_cache=True)
-    past, tokens = out.past_key_values, []
-    for _ in range(n):
-        tok = int(out.logits[0, -1].argmax())
-        tokens.append(tok)
-        out = model(torch.tensor([[tok]], device=device), past_key_values=past, use_cache=True)
-        past = out.past_key_values
-    return tokens

@@ -14,26 +14,20 @@ reference), then upstream's own recorded traces.
 
 from __future__ import annotations
 
-import dataclasses
 import traceback
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 
 import mini_vllm.testing as mini
 from mini_vllm.grading import checks
 from mini_vllm.oracle import strategies
-from mini_vllm.oracle.workload import run_workload
 
-# No explain phase (it traces every line: slow on a broken scheduler), no database.
-PROPERTY = settings(
-    max_examples=60, deadline=None, derandomize=True, database=None,
-    report_multiple_bugs=False, phases=[Phase.generate, Phase.shrink],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+import phase03_helpers as helpers
+from phase03_helpers import PROPERTY, TOKEN, Stepper, ids
+
 # The reference finishes every generated workload in a few hundred steps.
 MAX_STEPS = 2000
-
-TOKEN = 1000  # what the fake model samples (never EOS, never a stop token)
 
 # A hand-built test runs in milliseconds: past this, a loop in schedule() never ends.
 pytestmark = pytest.mark.timeout(15)
@@ -74,30 +68,11 @@ def explain(error: BaseException) -> str | None:
     return f"schedule() tripped `{line}` ({detail}): {hint}."
 
 
-def explained(cls):
-    """The class under grade, with explain()'s message on the errors it knows."""
-
-    class Explained(cls):
-        def schedule(self):
-            try:
-                return super().schedule()
-            except (AssertionError, ValueError, KeyError) as e:
-                if (message := explain(e)) is None:
-                    raise
-                raise AssertionError(message) from e
-
-    Explained.__name__ = Explained.__qualname__ = cls.__name__
-    return Explained
-
-
-def schedule(sched, step: str):
-    """``sched.schedule()``; an error explain() knows fails the test naming the step."""
-    try:
-        return sched.schedule()
-    except (AssertionError, ValueError, KeyError) as e:
-        if (message := explain(e)) is None:
-            raise
-        pytest.fail(f"{step}: {message}", pytrace=False)
+ENDLESS = ("the reference finishes every workload here in a few hundred steps at most. Some "
+           "request is never scheduled again or never finishes: look for a count that stops "
+           "advancing.")
+STEPPER = Stepper(explain, (AssertionError, ValueError, KeyError))
+explained, schedule, step = STEPPER.explained, STEPPER.schedule, STEPPER.step
 
 
 def finish_step(sched, out):
@@ -105,36 +80,12 @@ def finish_step(sched, out):
     sched.update_from_output(out, mini.make_model_runner_output(sched, out, lambda r: TOKEN))
 
 
-def step(sched, label: str):
-    out = schedule(sched, label)
-    finish_step(sched, out)
-    return out
-
-
-def ids(reqs) -> list[str]:
-    return [r.request_id for r in reqs]
-
-
 def bounded(workload):
-    """The generated workload, failing after MAX_STEPS steps instead of 20000."""
-    return dataclasses.replace(workload, max_steps=MAX_STEPS)
-
-
-def never_finished(error: RuntimeError) -> None:
-    if "did not finish" not in str(error):
-        raise error
-    pytest.fail(f"{error}: the reference finishes every workload here in a few hundred "
-                f"steps at most. Some request is never scheduled again or never finishes: "
-                f"look for a count that stops advancing.", pytrace=False)
+    return helpers.bounded(workload, MAX_STEPS)
 
 
 def run_checked(cls, workload) -> None:
-    """Run a generated workload on ``cls`` (whose schedule() checks the rules)."""
-    try:
-        run_workload(mini, workload, scheduler=mini.create_scheduler(**workload.config,
-                                                                     scheduler_cls=cls))
-    except RuntimeError as e:
-        never_finished(e)
+    helpers.run_checked(cls, workload, ENDLESS)
 
 
 # ------------------------------------- 1. a waiting request's first chunk

@@ -15,13 +15,12 @@ reference), then upstream's own recorded traces.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import traceback
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import mini_vllm.testing as mini
@@ -29,18 +28,14 @@ from mini_vllm.core.kv_cache_manager import cdiv
 from mini_vllm.core.sched.request_queue import SchedulingPolicy
 from mini_vllm.grading import checks
 from mini_vllm.oracle import strategies
-from mini_vllm.oracle.workload import RequestSpec, Workload, run_workload
+from mini_vllm.oracle.workload import RequestSpec, Workload
 from mini_vllm.request import RequestStatus
 
-# No explain phase (it traces every line: slow on a broken scheduler), no database.
-PROPERTY = settings(
-    max_examples=60, deadline=None, derandomize=True, database=None,
-    report_multiple_bugs=False, phases=[Phase.generate, Phase.shrink],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+import phase03_helpers as helpers
+from phase03_helpers import PROPERTY, Stepper, ids
+
 # The reference finishes every generated workload in under 2,000 steps.
 MAX_STEPS = 10_000
-
-TOKEN = 1000  # what the fake model samples (never EOS, never a stop token)
 
 # A hand-built test runs in milliseconds: past this, a loop in schedule() never ends.
 pytestmark = pytest.mark.timeout(15)
@@ -97,41 +92,11 @@ def explain(error: BaseException) -> str | None:
 ERRORS = (AssertionError, KeyError, IndexError)
 
 
-def explained(cls):
-    """The class under grade, with explain()'s message on the errors it knows."""
-
-    class Explained(cls):
-        def schedule(self):
-            try:
-                return super().schedule()
-            except ERRORS as e:
-                if (message := explain(e)) is None:
-                    raise
-                raise AssertionError(message) from e
-
-    Explained.__name__ = Explained.__qualname__ = cls.__name__
-    return Explained
-
-
-def schedule(sched, step: str):
-    """``sched.schedule()``; an error explain() knows fails the test naming the step."""
-    try:
-        return sched.schedule()
-    except ERRORS as e:
-        if (message := explain(e)) is None:
-            raise
-        pytest.fail(f"{step}: {message}", pytrace=False)
-
-
-def step(sched, label: str):
-    """One engine step: schedule(), a fake model, update_from_output()."""
-    out = schedule(sched, label)
-    sched.update_from_output(out, mini.make_model_runner_output(sched, out, lambda r: TOKEN))
-    return out
-
-
-def ids(reqs) -> list[str]:
-    return [r.request_id for r in reqs]
+ENDLESS = ("the reference finishes every workload here in under 2,000 steps. Some request is "
+           "never scheduled again or never finishes (a preempted request that never comes "
+           "back?).")
+STEPPER = Stepper(explain, ERRORS)
+explained, schedule, step = STEPPER.explained, STEPPER.schedule, STEPPER.step
 
 
 def held(sched, req_id) -> list[int]:
@@ -139,25 +104,11 @@ def held(sched, req_id) -> list[int]:
 
 
 def bounded(workload):
-    """The generated workload, failing after MAX_STEPS steps instead of 20000."""
-    return dataclasses.replace(workload, max_steps=MAX_STEPS)
-
-
-def never_finished(error: RuntimeError) -> None:
-    if "did not finish" not in str(error):
-        raise error
-    pytest.fail(f"{error}: the reference finishes every workload here in under 2,000 "
-                f"steps. Some request is never scheduled again or never finishes "
-                f"(a preempted request that never comes back?).", pytrace=False)
+    return helpers.bounded(workload, MAX_STEPS)
 
 
 def run_checked(cls, workload) -> None:
-    """Run a generated workload on ``cls`` (whose schedule() checks the rules)."""
-    try:
-        run_workload(mini, workload, scheduler=mini.create_scheduler(**workload.config,
-                                                                     scheduler_cls=cls))
-    except RuntimeError as e:
-        never_finished(e)
+    helpers.run_checked(cls, workload, ENDLESS)
 
 
 # ------------------------------------------------ 1. _preempt_request

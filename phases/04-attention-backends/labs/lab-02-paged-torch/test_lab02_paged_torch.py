@@ -20,9 +20,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phase04_helpers import dense_attention, hf_greedy
+from phase04_helpers import dense_attention
+
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.testing import hf_greedy
 from mini_vllm.worker import gpu_worker
 
 pytestmark = pytest.mark.timeout(60)

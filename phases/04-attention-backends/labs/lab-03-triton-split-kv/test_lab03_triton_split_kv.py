@@ -45,7 +45,7 @@ from mini_vllm.attention.ops import triton_decode_attention as reference_module
 from mini_vllm.attention.ops.merge_attn_states import merge_attn_states
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.sampling_params import SamplingParams
-from phase04_helpers import hf_greedy
+from mini_vllm.testing import hf_greedy
 
 pytestmark = pytest.mark.timeout(120)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,86 @@
+"""Helpers shared by Labs 03.1-03.3, which grade regions inside ``schedule()``.
+
+Each lab has its own ``explain(error)``: it turns an error that a broken
+region trips inside the reference's own code (an end-of-step assert, the
+KV cache manager) into a sentence about the rule that region broke, or
+returns None for errors it does not know. ``Stepper`` applies it wherever
+a test runs ``schedule()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+import mini_vllm.testing as mini
+from mini_vllm.oracle.workload import run_workload
+
+# No explain phase (it traces every line: slow on a broken scheduler), no database.
+PROPERTY = settings(
+    max_examples=60, deadline=None, derandomize=True, database=None,
+    report_multiple_bugs=False, phases=[Phase.generate, Phase.shrink],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+TOKEN = 1000  # what the fake model samples (never EOS, never a stop token)
+
+
+class Stepper:
+    """``schedule()`` and one engine step, failing with ``explain``'s message."""
+
+    def __init__(self, explain, errors=(AssertionError, ValueError)):
+        self.explain = explain
+        self.errors = errors
+
+    def explained(self, cls):
+        """The class under grade, raising explain()'s message on the errors it knows."""
+        explain, errors = self.explain, self.errors
+
+        class Explained(cls):
+            def schedule(self):
+                try:
+                    return super().schedule()
+                except errors as e:
+                    if (message := explain(e)) is None:
+                        raise
+                    raise AssertionError(message) from e
+
+        Explained.__name__ = Explained.__qualname__ = cls.__name__
+        return Explained
+
+    def schedule(self, sched, label: str):
+        """``sched.schedule()``; an error explain() knows fails the test naming the step."""
+        try:
+            return sched.schedule()
+        except self.errors as e:
+            if (message := self.explain(e)) is None:
+                raise
+            pytest.fail(f"{label}: {message}", pytrace=False)
+
+    def step(self, sched, label: str):
+        """One engine step: schedule(), a fake model, update_from_output()."""
+        out = self.schedule(sched, label)
+        sched.update_from_output(out, mini.make_model_runner_output(sched, out, lambda r: TOKEN))
+        return out
+
+
+def ids(reqs) -> list[str]:
+    return [r.request_id for r in reqs]
+
+
+def bounded(workload, max_steps: int):
+    """The generated workload, failing after ``max_steps`` steps instead of 20000."""
+    return dataclasses.replace(workload, max_steps=max_steps)
+
+
+def run_checked(cls, workload, endless_hint: str) -> None:
+    """Run a generated workload on ``cls`` (whose schedule() checks the rules);
+    a workload that never finishes fails the test with ``endless_hint``."""
+    try:
+        run_workload(mini, workload, scheduler=mini.create_scheduler(**workload.config,
+                                                                     scheduler_cls=cls))
+    except RuntimeError as e:
+        if "did not finish" not in str(e):
+            raise
+        pytest.fail(f"{e}: {endless_hint}", pytrace=False)
