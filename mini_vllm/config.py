@@ -53,7 +53,9 @@ class SchedulerConfig:
                 f"than or equal to max_num_seqs ({self.max_num_seqs})."
             )
         if self.policy not in ("fcfs", "priority"):
-            raise ValueError(f"Unknown scheduling policy: {self.policy!r} (use 'fcfs' or 'priority').")
+            raise ValueError(
+                f"Unknown scheduling policy: {self.policy!r} (use 'fcfs' or 'priority')."
+            )
 
 
 @dataclass
@@ -73,7 +75,8 @@ class CacheConfig:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}.")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
+            )
 
 
 @dataclass
@@ -88,7 +91,9 @@ class ModelConfig:
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}.")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}.")
+            raise ValueError(
+                f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}."
+            )
 
 
 @dataclass
@@ -108,7 +113,9 @@ class AttentionConfig:
 
     def verify(self) -> None:
         if self.backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention backend must be auto, torch or triton, got {self.backend!r}.")
+            raise ValueError(
+                f"attention backend must be auto, torch or triton, got {self.backend!r}."
+            )
 
 
 @dataclass

@@ -49,9 +49,9 @@ def get_dtype_size(dtype: torch.dtype) -> int:
 class FullAttentionSpec:
     """The KV-cache format of one full-attention layer."""
 
-    block_size: int     # tokens per block
-    num_kv_heads: int   # key/value heads (fewer than query heads under GQA)
-    head_size: int      # dimension of one head
+    block_size: int  # tokens per block
+    num_kv_heads: int  # key/value heads (fewer than query heads under GQA)
+    head_size: int  # dimension of one head
     dtype: torch.dtype  # dtype of the cached keys and values
 
     # BEGIN LAB 00.2: the KV-memory calculator
@@ -60,6 +60,7 @@ class FullAttentionSpec:
         """Bytes of one block of ONE layer: keys and values of ``block_size`` tokens."""
         # HINT: a block holds a key AND a value vector per token, per KV head.
         return 2 * self.block_size * self.num_kv_heads * self.head_size * get_dtype_size(self.dtype)
+
     # END LAB 00.2
 
     # BEGIN LAB 00.2
@@ -67,6 +68,7 @@ class FullAttentionSpec:
         """Bytes of ONE layer's cache that a request of ``max_model_len`` tokens can use."""
         # HINT: memory is handed out in whole blocks.
         return cdiv(max_model_len, self.block_size) * self.page_size_bytes
+
     # END LAB 00.2
 
 
@@ -76,8 +78,12 @@ def kv_cache_bytes_per_token(spec: FullAttentionSpec, num_layers: int) -> float:
 
 
 # BEGIN LAB 00.2
-def get_num_blocks(num_layers: int, available_memory: int, page_size: int,
-                   num_gpu_blocks_override: int | None = None) -> int:
+def get_num_blocks(
+    num_layers: int,
+    available_memory: int,
+    page_size: int,
+    num_gpu_blocks_override: int | None = None,
+) -> int:
     """How many blocks ``available_memory`` bytes hold when every block spans
     ``num_layers`` layers of ``page_size`` bytes each (block 0, the null
     block, included); an override, when given, wins."""
@@ -85,12 +91,15 @@ def get_num_blocks(num_layers: int, available_memory: int, page_size: int,
     if num_gpu_blocks_override is not None:
         return num_gpu_blocks_override
     return max(int(available_memory // page_size // num_layers), 0)
+
+
 # END LAB 00.2
 
 
 # BEGIN LAB 00.2
-def get_max_concurrency_for_kv_cache_config(num_blocks: int, kv_cache_spec: FullAttentionSpec,
-                                            num_layers: int, max_model_len: int) -> float:
+def get_max_concurrency_for_kv_cache_config(
+    num_blocks: int, kv_cache_spec: FullAttentionSpec, num_layers: int, max_model_len: int
+) -> float:
     """Upstream's "Maximum concurrency for N tokens per request": ``num_blocks``
     divided by the blocks one ``max_model_len`` request needs (a float)."""
     # HINT: per request: num_layers layers, each max_memory_usage_bytes; per block:
@@ -99,14 +108,19 @@ def get_max_concurrency_for_kv_cache_config(num_blocks: int, kv_cache_spec: Full
     bytes_per_block = num_layers * kv_cache_spec.page_size_bytes
     blocks_per_request = cdiv(bytes_per_request, bytes_per_block)
     return num_blocks / blocks_per_request
+
+
 # END LAB 00.2
 
 
 # BEGIN LAB 00.2
-def num_requests_that_fit(num_blocks: int, kv_cache_spec: FullAttentionSpec,
-                          num_tokens: int) -> int:
+def num_requests_that_fit(
+    num_blocks: int, kv_cache_spec: FullAttentionSpec, num_tokens: int
+) -> int:
     """How many requests of ``num_tokens`` tokens each the KV cache holds at
     once: what the scheduler actually runs side by side when memory binds."""
     # HINT: block 0 is the null block: the block pool never hands it out.
     return (num_blocks - 1) // cdiv(num_tokens, kv_cache_spec.block_size)
+
+
 # END LAB 00.2

@@ -86,6 +86,7 @@ class Request:
             self._output_token_ids.extend(token_ids)
             self._all_token_ids.extend(token_ids)
         self.update_block_hashes()
+
     # END LAB 01.1
 
     def update_block_hashes(self) -> None:
@@ -98,6 +99,7 @@ class Request:
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
         return len(self._all_token_ids)
+
     # END LAB 01.1
 
     @property
@@ -109,6 +111,7 @@ class Request:
     def num_output_tokens(self) -> int:
         """Tokens sampled so far (a resumed request keeps its earlier ones)."""
         return len(self._output_token_ids)
+
     # END LAB 01.1
 
     # BEGIN LAB 01.1
@@ -116,12 +119,14 @@ class Request:
         """Whether the request's status is one of the FINISHED_* statuses."""
         # HINT: RequestStatus has a staticmethod for this (the enum order is the logic).
         return RequestStatus.is_finished(self.status)
+
     # END LAB 01.1
 
     # BEGIN LAB 01.1
     def get_finished_reason(self) -> FinishReason | None:
         """STOP, LENGTH or ABORT for a finished request; None for a live one."""
         return RequestStatus.get_finished_reason(self.status)
+
     # END LAB 01.1
 
     def __lt__(self, other: Request) -> bool:

@@ -21,9 +21,16 @@ from mini_vllm.sampling_params import SamplingParams
 
 EOS_TOKEN_ID = 50256  # the id upstream's scheduler tests use
 
-__all__ = ["EOS_TOKEN_ID", "RequestStatus", "create_scheduler", "create_requests",
-           "create_kv_cache_manager", "manager_state",
-           "make_model_runner_output", "ModelRunnerOutput"]
+__all__ = [
+    "EOS_TOKEN_ID",
+    "RequestStatus",
+    "create_scheduler",
+    "create_requests",
+    "create_kv_cache_manager",
+    "manager_state",
+    "make_model_runner_output",
+    "ModelRunnerOutput",
+]
 
 
 def create_scheduler(
@@ -83,22 +90,26 @@ def create_requests(
     requests = []
     for i in range(num_requests):
         params = SamplingParams(
-            max_tokens=max_tokens, min_tokens=min_tokens,
-            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=ignore_eos,
         )
         params.update_from_generation_config({}, EOS_TOKEN_ID)
         if prompt_token_ids is not None:
             prompt = list(prompt_token_ids[i])
         else:
             prompt = [0 if same_prompt else i] * num_tokens
-        requests.append(Request(
-            request_id=req_ids[i] if req_ids is not None else str(i),
-            prompt_token_ids=prompt,
-            sampling_params=params,
-            arrival_time=arrival_times[i] if arrival_times is not None else float(i),
-            priority=priorities[i] if priorities is not None else 0,
-            block_hasher=block_hasher,
-        ))
+        requests.append(
+            Request(
+                request_id=req_ids[i] if req_ids is not None else str(i),
+                prompt_token_ids=prompt,
+                sampling_params=params,
+                arrival_time=arrival_times[i] if arrival_times is not None else float(i),
+                priority=priorities[i] if priorities is not None else 0,
+                block_hasher=block_hasher,
+            )
+        )
     return requests
 
 
@@ -133,16 +144,21 @@ def create_kv_cache_manager(
 ) -> KVCacheManager:
     """A KV cache manager over ``num_blocks`` blocks (block 0 is the null
     block), as the scheduler builds it (``mini_vllm.oracle.kv_workload``)."""
-    return (manager_cls or KVCacheManager)(num_blocks, block_size, max_model_len,
-                                           enable_caching=enable_caching)
+    return (manager_cls or KVCacheManager)(
+        num_blocks, block_size, max_model_len, enable_caching=enable_caching
+    )
 
 
 def manager_state(manager) -> dict:
     """What a KV-cache trace records after each operation."""
     from mini_vllm.oracle.kv_workload import pool_state
 
-    return pool_state(manager.block_pool, manager.req_to_blocks, manager.num_cached_block,
-                      manager.prefix_cache_stats)
+    return pool_state(
+        manager.block_pool,
+        manager.req_to_blocks,
+        manager.num_cached_block,
+        manager.prefix_cache_stats,
+    )
 
 
 def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
@@ -157,6 +173,9 @@ def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
         tokens = []
         for _ in range(n):
             tokens.append(int(out.logits[0, -1].argmax()))
-            out = model(torch.tensor([[tokens[-1]]], device=device),
-                        past_key_values=out.past_key_values, use_cache=True)
+            out = model(
+                torch.tensor([[tokens[-1]]], device=device),
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
     return tokens

@@ -54,7 +54,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    no_upstream = pytest.mark.skip(reason="pinned upstream vllm 0.22.1 not installed (make upstream)")
+    no_upstream = pytest.mark.skip(
+        reason="pinned upstream vllm 0.22.1 not installed (make upstream)"
+    )
     no_cuda = pytest.mark.skip(reason="no CUDA device on this machine")
     have_cuda = None
     for item in items:

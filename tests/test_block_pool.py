@@ -28,8 +28,9 @@ def free_ids(pool: BlockPool) -> list[int]:
 
 def cached_request(num_tokens: int, request_id: str = "0", token: int = 7):
     """A request whose prompt is ``num_tokens`` copies of ``token``, hashed with BS."""
-    (req,) = create_requests(1, block_size=BS, req_ids=[request_id],
-                             prompt_token_ids=[[token] * num_tokens])
+    (req,) = create_requests(
+        1, block_size=BS, req_ids=[request_id], prompt_token_ids=[[token] * num_tokens]
+    )
     return req
 
 
@@ -286,8 +287,9 @@ def test_usage_counts_held_blocks_out_of_the_usable_ones():
 @given(
     num_blocks=st.integers(min_value=1, max_value=10),
     ops=st.lists(
-        st.tuples(st.sampled_from(["alloc", "free", "touch"]),
-                  st.integers(min_value=0, max_value=100)),
+        st.tuples(
+            st.sampled_from(["alloc", "free", "touch"]), st.integers(min_value=0, max_value=100)
+        ),
         max_size=50,
     ),
 )
@@ -315,8 +317,7 @@ def test_free_queue_holds_exactly_the_unreferenced_blocks(num_blocks, ops):
 
         queued = pool.free_block_queue.get_all_free_blocks()
         assert len(queued) == pool.get_num_free_blocks()
-        expected_free = {b.block_id for b in pool.blocks
-                         if not b.is_null and held.count(b) == 0}
+        expected_free = {b.block_id for b in pool.blocks if not b.is_null and held.count(b) == 0}
         assert {b.block_id for b in queued} == expected_free
         assert len(queued) == len(expected_free)  # no block queued twice
         for b in pool.blocks[1:]:

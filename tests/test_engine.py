@@ -21,14 +21,12 @@ from mini_vllm.sampling_params import SamplingParams
 from hf_reference import PROMPTS, hf_greedy
 
 
-
-
-
 @pytest.fixture(scope="module")
 def smollm2():
     path = smollm2_gguf_path()
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                              torch_dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32
+    )
     hf.eval()
     return str(path), hf
 
@@ -48,7 +46,8 @@ def run_and_compare(llm: LLM, hf, prompts: list[list[int]], n: int = 12):
     for prompt, out in zip(prompts, outputs):
         expected = hf_greedy(hf, prompt, n)
         assert out.outputs[0].token_ids == expected, (
-            f"prompt {prompt[:8]}...: mini_vllm {out.outputs[0].token_ids} != HF {expected}")
+            f"prompt {prompt[:8]}...: mini_vllm {out.outputs[0].token_ids} != HF {expected}"
+        )
     return outputs
 
 
@@ -76,8 +75,13 @@ def test_batch_of_mixed_lengths_matches_transformers(model):
 
 def test_chunked_prefill_with_a_small_budget_matches_transformers(model):
     path, hf = model
-    llm = LLM(path, max_model_len=256, kv_cache_memory_bytes=32 << 20,
-              max_num_batched_tokens=8, max_num_seqs=4)
+    llm = LLM(
+        path,
+        max_model_len=256,
+        kv_cache_memory_bytes=32 << 20,
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+    )
     run_and_compare(llm, hf, _token_prompts(llm)[:4], n=6)
     assert llm.llm_engine.get_stats()["num_steps"] > 6 + 4, "prefills should have been chunked"
 
@@ -109,10 +113,16 @@ def test_prompt_too_long_and_empty_prompt_are_rejected_and_engine_keeps_serving(
     with pytest.raises(ValueError, match="empty"):
         llm.generate([{"prompt_token_ids": []}], use_tqdm=False)
     engine = llm.llm_engine
-    engine.add_request("keep", {"prompt_token_ids": [5, 6, 7]},
-                       SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.0))
-    engine.add_request("drop", {"prompt_token_ids": [8, 9]},
-                       SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.0))
+    engine.add_request(
+        "keep",
+        {"prompt_token_ids": [5, 6, 7]},
+        SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.0),
+    )
+    engine.add_request(
+        "drop",
+        {"prompt_token_ids": [8, 9]},
+        SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.0),
+    )
     engine.step()
     engine.abort_request("drop")
     finished = {}

@@ -52,8 +52,6 @@ def token_ids(outputs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
-
-
 # ------------------------------------------------- CPU: tiny models, interpreted
 
 TINY_PROMPTS = [[(7 * i + 13 * j) % 509 + 3 for j in range(3 + 9 * i)] for i in range(4)]
@@ -72,12 +70,18 @@ def tiny(request, tmp_path_factory):
 
 
 def run_tiny(path: str, backend: str) -> tuple[list[list[int]], dict]:
-    llm = LLM(path, max_model_len=128, kv_cache_memory_bytes=8 << 20, block_size=8,
-              max_num_batched_tokens=8, max_num_seqs=4, attention_backend=backend)
+    llm = LLM(
+        path,
+        max_model_len=128,
+        kv_cache_memory_bytes=8 << 20,
+        block_size=8,
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+        attention_backend=backend,
+    )
     layers = llm.llm_engine.model.attention_layers()
     assert all(type(layer.impl) is IMPLS[backend] for layer in layers)
-    outs = llm.generate([{"prompt_token_ids": p} for p in TINY_PROMPTS], greedy(N),
-                        use_tqdm=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in TINY_PROMPTS], greedy(N), use_tqdm=False)
     # The pair one after the other, so that the second finds the first's blocks cached.
     for prompt in PAIR:
         outs += llm.generate([{"prompt_token_ids": prompt}], greedy(N), use_tqdm=False)
@@ -106,9 +110,16 @@ BF16_TIE_NATS = 0.1
 
 
 def smollm2_llm(backend: str, dtype: str) -> LLM:
-    return LLM(str(smollm2_gguf_path()), device="cuda", dtype=dtype, attention_backend=backend,
-               max_model_len=512, kv_cache_memory_bytes=256 << 20,
-               max_num_batched_tokens=64, max_num_seqs=16)  # chunked prefill on long prompts
+    return LLM(
+        str(smollm2_gguf_path()),
+        device="cuda",
+        dtype=dtype,
+        attention_backend=backend,
+        max_model_len=512,
+        kv_cache_memory_bytes=256 << 20,
+        max_num_batched_tokens=64,
+        max_num_seqs=16,
+    )  # chunked prefill on long prompts
 
 
 @pytest.mark.gpu
@@ -116,8 +127,9 @@ class TestSmolLM2OnCuda:
     @pytest.fixture(scope="class")
     def hf_fp32(self):
         path = smollm2_gguf_path()
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                  dtype=torch.float32).to("cuda")
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).to("cuda")
         hf.eval()
         return hf
 
@@ -126,8 +138,9 @@ class TestSmolLM2OnCuda:
         llm = smollm2_llm("triton", "float32")
         tok = llm.get_tokenizer()
         prompts = [tok.encode(p) for p in GPU_PROMPTS]
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(GPU_N),
-                            use_tqdm=False)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], greedy(GPU_N), use_tqdm=False
+        )
         for prompt, got in zip(prompts, token_ids(outs)):
             assert got == hf_greedy(hf_fp32, prompt, GPU_N), tok.decode(prompt)
 
@@ -136,8 +149,10 @@ class TestSmolLM2OnCuda:
         for backend in ("torch", "triton"):
             llm = smollm2_llm(backend, "bfloat16")
             assert llm.llm_engine.model.attention_layers()[0].impl.__class__ is IMPLS[backend]
-            runs[backend] = [o.outputs[0] for o in llm.generate(
-                GPU_PROMPTS, greedy(GPU_N, logprobs=5), use_tqdm=False)]
+            runs[backend] = [
+                o.outputs[0]
+                for o in llm.generate(GPU_PROMPTS, greedy(GPU_N, logprobs=5), use_tqdm=False)
+            ]
             del llm
             torch.cuda.empty_cache()
         identical = 0

@@ -63,15 +63,28 @@ def test_chat_uses_the_model_template():
     tok = llm.get_tokenizer()
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     (out,) = llm.chat(messages, SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
-    expected_prompt = tok.apply_chat_template(messages, add_generation_prompt=True,
-                                              tokenize=True, return_dict=False)
+    expected_prompt = tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert out.prompt_token_ids == list(expected_prompt)
     assert "Paris" in out.outputs[0].text
 
 
 def test_cli_generates_and_reports_throughput(capsys):
-    assert cli.main(["--prompt", "The capital of France is", "--max-tokens", "4",
-                     "--no-progress", "--max-model-len", "128"]) == 0
+    assert (
+        cli.main(
+            [
+                "--prompt",
+                "The capital of France is",
+                "--max-tokens",
+                "4",
+                "--no-progress",
+                "--max-model-len",
+                "128",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert ">>> The capital of France is" in printed and "Paris" in printed
     assert "output tok/s" in printed
@@ -89,12 +102,15 @@ def test_triton_on_cpu_after_triton_was_imported_is_a_clear_error(tiny):
     import subprocess
     import sys
 
-    code = ("import triton\n"
-            "from mini_vllm.entrypoints.llm import LLM\n"
-            f"LLM({tiny!r}, max_model_len=64, kv_cache_memory_bytes=8 << 20,\n"
-            "    attention_backend='triton', device='cpu')\n")
+    code = (
+        "import triton\n"
+        "from mini_vllm.entrypoints.llm import LLM\n"
+        f"LLM({tiny!r}, max_model_len=64, kv_cache_memory_bytes=8 << 20,\n"
+        "    attention_backend='triton', device='cpu')\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode != 0
     assert "set TRITON_INTERPRET=1" in result.stderr

@@ -46,8 +46,10 @@ def test_starter_keeps_signature_docstring_hints_and_raises():
     assert "def check_stop(request: Request, max_model_len: int) -> bool:" in starter
     assert "Set a finished status on the request" in starter
     assert "# HINT:" in starter
-    assert "raise NotImplementedError('Lab 03.5:" in starter or \
-        'raise NotImplementedError("Lab 03.5:' in starter
+    assert (
+        "raise NotImplementedError('Lab 03.5:" in starter
+        or 'raise NotImplementedError("Lab 03.5:' in starter
+    )
     assert "FINISHED_STOPPED\n" not in starter.split("def check_stop")[1].split('"""')[2]
     # Everything outside the holes comes from the reference.
     assert "from mini_vllm.core.sched.utils import remove_all" in starter
@@ -67,12 +69,19 @@ def test_committed_labs_folder_is_current():
 
 
 def test_staleness_ignores_student_code_but_not_outside_edits(tmp_path):
-    subprocess.run([sys.executable, "-m", "mini_vllm.grading", "generate", "--out", str(tmp_path)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "mini_vllm.grading", "generate", "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
     utils = tmp_path / "phase_03" / "utils.py"
     text = utils.read_text()
-    utils.write_text(text.replace("    raise NotImplementedError", "    return False  # mine\n"
-                                  "    raise NotImplementedError"))
+    utils.write_text(
+        text.replace(
+            "    raise NotImplementedError",
+            "    return False  # mine\n    raise NotImplementedError",
+        )
+    )
     assert R.stale_files(tmp_path) == []
     utils.write_text(text.replace("import remove_all", "import remove_all as _gone"))
     assert [p for p in R.stale_files(tmp_path) if "utils.py" in p]
@@ -82,8 +91,9 @@ def test_generate_never_overwrites_student_code(tmp_path):
     cmd = [sys.executable, "-m", "mini_vllm.grading", "generate", "--out", str(tmp_path)]
     subprocess.run(cmd, check=True, capture_output=True)
     utils = tmp_path / "phase_03" / "utils.py"
-    mine = utils.read_text().replace("    raise NotImplementedError", "    x = 1  # my work\n"
-                                     "    raise NotImplementedError")
+    mine = utils.read_text().replace(
+        "    raise NotImplementedError", "    x = 1  # my work\n    raise NotImplementedError"
+    )
     utils.write_text(mine)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     assert "kept" in out and utils.read_text() == mine
@@ -94,7 +104,8 @@ def test_generate_never_overwrites_student_code(tmp_path):
 def _fake_phase(tmp_path: Path) -> Path:
     lab = tmp_path / "phases" / "99-demo" / "labs" / "lab-01-demo"
     lab.mkdir(parents=True)
-    (lab / "test_demo.py").write_text(textwrap.dedent("""
+    (lab / "test_demo.py").write_text(
+        textwrap.dedent("""
         import pytest
 
         @pytest.mark.points(3)
@@ -113,7 +124,8 @@ def _fake_phase(tmp_path: Path) -> Path:
 
         def test_teaching_message():
             assert 3 == 4, "step 2: the budget was exceeded (expected 3, got 4)"
-    """))
+    """)
+    )
     return lab
 
 
@@ -121,9 +133,26 @@ def test_plugin_scores_times_out_and_reports_each_failure(tmp_path):
     lab = _fake_phase(tmp_path)
     results = tmp_path / "results.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(lab), "-p", "mini_vllm.grading.plugin",
-         "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path), "--results", str(results)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(lab),
+            "-p",
+            "mini_vllm.grading.plugin",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--rootdir",
+            str(tmp_path),
+            "--results",
+            str(results),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1
     assert "99.1" in proc.stdout and "3 / 10" in proc.stdout  # the score table
     data = json.loads(results.read_text())
@@ -137,8 +166,12 @@ def test_plugin_scores_times_out_and_reports_each_failure(tmp_path):
 
 
 def test_check_rejects_unknown_targets():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "mini_vllm.grading", "check", *a],
-                                    capture_output=True, text=True, cwd=REPO)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "mini_vllm.grading", "check", *a],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert "give a phase like 03" in run("3.x").stderr
     assert "No phase 42" in run("42").stderr
     assert "has no lab 9" in run("03.9").stderr

@@ -37,14 +37,28 @@ class SchedulerMachine(RuleBasedStateMachine):
         policy=st.sampled_from(["fcfs", "priority"]),
         threshold=st.sampled_from([0, 0, 5]),
     )
-    def setup(self, block_size, max_model_len, extra_blocks, max_num_seqs, chunked, caching,
-              policy, threshold):
+    def setup(
+        self,
+        block_size,
+        max_model_len,
+        extra_blocks,
+        max_num_seqs,
+        chunked,
+        caching,
+        policy,
+        threshold,
+    ):
         self.budget = max(max_num_seqs, max_model_len if not chunked else 16)
         self.num_blocks = cdiv(max_model_len, block_size) + 1 + extra_blocks
         self.sched = mini.create_scheduler(
-            block_size=block_size, max_model_len=max_model_len, num_blocks=self.num_blocks,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=self.budget,
-            enable_chunked_prefill=chunked, enable_prefix_caching=caching, policy=policy,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            num_blocks=self.num_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=self.budget,
+            enable_chunked_prefill=chunked,
+            enable_prefix_caching=caching,
+            policy=policy,
             long_prefill_token_threshold=threshold,
         )
         self.block_size = block_size
@@ -55,19 +69,27 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.finish_events: Counter[str] = Counter()
         self.counter = 0
 
-    @rule(prefix=st.sampled_from([[]] + PREFIXES),
-          suffix=st.lists(st.integers(1, 99), max_size=30),
-          max_tokens=st.integers(1, 20), priority=st.integers(0, 2),
-          eos_at=st.none() | st.integers(0, 5))
+    @rule(
+        prefix=st.sampled_from([[]] + PREFIXES),
+        suffix=st.lists(st.integers(1, 99), max_size=30),
+        max_tokens=st.integers(1, 20),
+        priority=st.integers(0, 2),
+        eos_at=st.none() | st.integers(0, 5),
+    )
     def add(self, prefix, suffix, max_tokens, priority, eos_at):
         prompt = (prefix + suffix)[: self.max_model_len - 1] or [1]
         req_id = f"r{self.counter}"
         self.counter += 1
         spec = RequestSpec(req_id, prompt, max_tokens=max_tokens, priority=priority, eos_at=eos_at)
         (request,) = mini.create_requests(
-            1, prompt_token_ids=[prompt], max_tokens=max_tokens, req_ids=[req_id],
-            priorities=[priority], arrival_times=[float(self.counter)],
-            block_size=self.block_size)
+            1,
+            prompt_token_ids=[prompt],
+            max_tokens=max_tokens,
+            req_ids=[req_id],
+            priorities=[priority],
+            arrival_times=[float(self.counter)],
+            block_size=self.block_size,
+        )
         self.sched.add_request(request)
         self.specs[req_id] = spec
         self.objects[req_id] = request
@@ -80,8 +102,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(out.num_scheduled_tokens) <= self.max_num_seqs
         assert len(self.sched.running) <= self.max_num_seqs
         runner = mini.make_model_runner_output(
-            self.sched, out,
-            lambda r: fake_token(self.specs[r.request_id], r.num_output_tokens, mini.EOS_TOKEN_ID))
+            self.sched,
+            out,
+            lambda r: fake_token(self.specs[r.request_id], r.num_output_tokens, mini.EOS_TOKEN_ID),
+        )
         result = self.sched.update_from_output(out, runner)
         for o in result.outputs:
             if o.finished:
@@ -113,7 +137,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         for block in pool.blocks[1:]:
             assert block.ref_cnt == holders.get(block.block_id, 0), (
                 f"block {block.block_id}: ref_cnt {block.ref_cnt} but "
-                f"{holders.get(block.block_id, 0)} holders")
+                f"{holders.get(block.block_id, 0)} holders"
+            )
         # Only live (unfinished) requests hold blocks.
         assert set(kv.req_to_blocks) <= set(self.sched.requests)
 
@@ -123,8 +148,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         assert all(n == 1 for n in self.finish_events.values()), self.finish_events
         for req_id, request in self.objects.items():
-            expected = [fake_token(self.specs[req_id], i, mini.EOS_TOKEN_ID)
-                        for i in range(request.num_output_tokens)]
+            expected = [
+                fake_token(self.specs[req_id], i, mini.EOS_TOKEN_ID)
+                for i in range(request.num_output_tokens)
+            ]
             assert request.output_token_ids == expected
             assert (req_id in self.finish_events) == request.is_finished()
 
@@ -145,8 +172,11 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @st.composite
@@ -157,14 +187,24 @@ def pressure_workloads(draw):
     requests = []
     for i in range(n):
         prompt = draw(st.lists(st.integers(1, 99), min_size=1, max_size=max_model_len - 1))
-        requests.append(RequestSpec(
-            f"r{i}", prompt, max_tokens=draw(st.integers(1, 30)),
-            arrive_step=draw(st.integers(0, 4)), priority=draw(st.integers(0, 2)),
-            eos_at=draw(st.none() | st.integers(0, 8))))
-    config = dict(block_size=block_size, max_model_len=max_model_len, max_num_seqs=8,
-                  max_num_batched_tokens=draw(st.integers(8, 128)),
-                  policy=draw(st.sampled_from(["fcfs", "priority"])),
-                  enable_prefix_caching=draw(st.booleans()))
+        requests.append(
+            RequestSpec(
+                f"r{i}",
+                prompt,
+                max_tokens=draw(st.integers(1, 30)),
+                arrive_step=draw(st.integers(0, 4)),
+                priority=draw(st.integers(0, 2)),
+                eos_at=draw(st.none() | st.integers(0, 8)),
+            )
+        )
+    config = dict(
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_num_seqs=8,
+        max_num_batched_tokens=draw(st.integers(8, 128)),
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
+        enable_prefix_caching=draw(st.booleans()),
+    )
     return Workload("pressure", config, requests), cdiv(max_model_len, block_size) + 1
 
 

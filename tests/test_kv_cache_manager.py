@@ -27,15 +27,21 @@ BS = 4
 # --------------------------------------------------------------------------
 
 
-def make_manager(num_blocks: int, max_model_len: int = 1024,
-                 enable_caching: bool = True, block_size: int = BS) -> KVCacheManager:
-    return KVCacheManager(num_blocks=num_blocks, block_size=block_size,
-                          max_model_len=max_model_len, enable_caching=enable_caching)
+def make_manager(
+    num_blocks: int, max_model_len: int = 1024, enable_caching: bool = True, block_size: int = BS
+) -> KVCacheManager:
+    return KVCacheManager(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        enable_caching=enable_caching,
+    )
 
 
 def make_request(prompt: list[int], request_id: str, block_size: int = BS):
-    (req,) = create_requests(1, block_size=block_size, req_ids=[request_id],
-                             prompt_token_ids=[prompt])
+    (req,) = create_requests(
+        1, block_size=block_size, req_ids=[request_id], prompt_token_ids=[prompt]
+    )
     return req
 
 
@@ -185,8 +191,11 @@ def _expected_hit_blocks(cached_prompt: list[int], prompt: list[int], bs: int) -
     prompt token is left to compute."""
     cap = (len(prompt) - 1) // bs
     n = 0
-    while n < cap and (n + 1) * bs <= len(cached_prompt) \
-            and prompt[:(n + 1) * bs] == cached_prompt[:(n + 1) * bs]:
+    while (
+        n < cap
+        and (n + 1) * bs <= len(cached_prompt)
+        and prompt[: (n + 1) * bs] == cached_prompt[: (n + 1) * bs]
+    ):
         n += 1
     return n
 
@@ -557,8 +566,11 @@ def test_random_workload_keeps_the_books_straight(num_blocks, ops):
             assert n < req.num_tokens and n == len(hits.blocks[0]) * bs
             hit_blocks = hits.blocks[0]
             # blocks needed: the new ones, plus hits that must leave the queue
-            need = cdiv(req.num_tokens, bs) - len(hit_blocks) + \
-                sum(1 for b in hit_blocks if b.ref_cnt == 0)
+            need = (
+                cdiv(req.num_tokens, bs)
+                - len(hit_blocks)
+                + sum(1 for b in hit_blocks if b.ref_cnt == 0)
+            )
             free_before = mgr.block_pool.get_num_free_blocks()
             before = snapshot(mgr)
             new = mgr.allocate_slots(req, req.num_tokens - n, n, hits)

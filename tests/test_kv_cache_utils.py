@@ -51,8 +51,9 @@ def walk_backwards(queue: FreeKVCacheBlockQueue) -> list[KVCacheBlock]:
     return out[::-1]
 
 
-def assert_queue_is(queue: FreeKVCacheBlockQueue, expected: list[KVCacheBlock],
-                    all_blocks: list[KVCacheBlock]) -> None:
+def assert_queue_is(
+    queue: FreeKVCacheBlockQueue, expected: list[KVCacheBlock], all_blocks: list[KVCacheBlock]
+) -> None:
     """The queue holds exactly ``expected``, in that order, and is well linked."""
     assert queue.get_all_free_blocks() == expected
     assert walk_backwards(queue) == expected
@@ -79,7 +80,7 @@ def hashes_from_scratch(tokens: list[int], block_size: int) -> list[bytes]:
     out: list[bytes] = []
     parent = None
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash_block_tokens(sha256, parent, tokens[start:start + block_size])
+        parent = hash_block_tokens(sha256, parent, tokens[start : start + block_size])
         out.append(parent)
     return out
 
@@ -298,7 +299,8 @@ def test_first_block_chains_on_none_hash():
     """A block with no parent is hashed as if its parent were NONE_HASH."""
     toks = [1, 2, 3, 4]
     assert hash_block_tokens(sha256, None, toks) == hash_block_tokens(
-        sha256, kv_cache_utils.NONE_HASH, toks)
+        sha256, kv_cache_utils.NONE_HASH, toks
+    )
 
 
 def test_hash_depends_on_tokens_not_container_type():
@@ -313,7 +315,8 @@ def test_extra_keys_change_the_hash():
     """Extra keys (e.g. a LoRA id upstream) are part of the hash key."""
     toks = [1, 2, 3, 4]
     assert hash_block_tokens(sha256, None, toks) != hash_block_tokens(
-        sha256, None, toks, extra_keys=("lora-1",))
+        sha256, None, toks, extra_keys=("lora-1",)
+    )
 
 
 def test_same_tokens_after_different_prefixes_hash_differently():
@@ -323,7 +326,8 @@ def test_same_tokens_after_different_prefixes_hash_differently():
     parent2 = hash_block_tokens(sha256, None, [2, 2, 2, 2])
     same_block = [9, 9, 9, 9]
     assert hash_block_tokens(sha256, parent1, same_block) != hash_block_tokens(
-        sha256, parent2, same_block)
+        sha256, parent2, same_block
+    )
 
 
 def test_request_hashes_only_full_blocks():

@@ -61,8 +61,11 @@ def test_kv_scenario_uses_the_manager_as_a_scheduler_would(path):
     for i, record in enumerate(trace["ops"]):
         if record["op"][0] != "lookup" or record["result"][1] == 0:
             continue
-        later = [(j, r["op"]) for j, r in enumerate(trace["ops"][i + 1:], i + 1)
-                 if len(r["op"]) > 1 and r["op"][1] == record["op"][1]]
+        later = [
+            (j, r["op"])
+            for j, r in enumerate(trace["ops"][i + 1 :], i + 1)
+            if len(r["op"]) > 1 and r["op"][1] == record["op"][1]
+        ]
         if later and later[0][1][0] == "allocate":
             assert later[0][0] == i + 1, f"op {i}: hits used {later[0][0] - i} ops later"
 
@@ -71,11 +74,14 @@ def test_the_scenarios_cover_the_phase_02_rules():
     """Each rule a Phase 02 lab grades shows up in at least one recording."""
     traces = {p.stem: kv_snapshots.load(p)[2] for p in FILES}
     ops = [r for t in traces.values() for r in t["ops"]]
-    assert any(r["op"][0] == "allocate" and r["result"] is None for r in ops), "no failed allocation"
+    assert any(r["op"][0] == "allocate" and r["result"] is None for r in ops), (
+        "no failed allocation"
+    )
     assert any(r["op"][0] == "lookup" and r["result"][1] > 0 for r in ops), "no prefix hit"
     assert any(r["result"] is False for r in ops if r["op"][0] == "reset_prefix_cache")
-    assert any(len(r["op"]) > 3 and r["op"][3].get("must_fit") and r["result"] is None
-               for r in ops), "the full-sequence gate never refuses"
+    assert any(
+        len(r["op"]) > 3 and r["op"][3].get("must_fit") and r["result"] is None for r in ops
+    ), "the full-sequence gate never refuses"
     assert any(len(r["op"]) > 3 and r["op"][3].get("lookahead") for r in ops), "no lookahead"
     assert any(r["op"][0] == "preempt" for r in ops), "no preemption"
     assert any(max(r["ref_cnts"]) > 1 for r in ops), "no block is ever shared"

@@ -29,8 +29,22 @@ def grade(phase: str, tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     results = tmp_path / f"results-{phase}.json"
     env = {k: v for k, v in os.environ.items() if k not in ("IMPL", "MINI_VLLM_LABS_DIR")}
     proc = subprocess.run(
-        [sys.executable, "-m", "mini_vllm.grading", "check", phase, "--results", str(results),
-         *args], cwd=R.REPO_ROOT, env=env, capture_output=True, text=True, timeout=3000)
+        [
+            sys.executable,
+            "-m",
+            "mini_vllm.grading",
+            "check",
+            phase,
+            "--results",
+            str(results),
+            *args,
+        ],
+        cwd=R.REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     assert results.exists(), f"no results.json:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.returncode, json.loads(results.read_text()), proc.stdout
 
@@ -50,8 +64,9 @@ def test_every_phase_with_regions_has_graded_labs():
 @pytest.mark.parametrize("phase", PHASES)
 def test_reference_scores_full_marks(phase, tmp_path):
     code, results, stdout = grade(phase, tmp_path, "--impl", "ref")
-    failed = [t["name"] + ": " + t["output"][:300] for t in results["tests"]
-              if t["status"] != "passed"]
+    failed = [
+        t["name"] + ": " + t["output"][:300] for t in results["tests"] if t["status"] != "passed"
+    ]
     assert not failed, "\n".join(failed)
     assert set(results["labs"]) == lab_dirs(phase), "a lab's suite collected no tests"
     assert results["score"] == results["max_score"] > 0 and code == 0, stdout[-2000:]
@@ -60,8 +75,11 @@ def test_reference_scores_full_marks(phase, tmp_path):
 @pytest.mark.parametrize("phase", PHASES)
 def test_untouched_starters_score_zero(phase, tmp_path):
     labs = tmp_path / "labs"
-    subprocess.run([sys.executable, "-m", "mini_vllm.grading", "generate", "--out", str(labs)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "mini_vllm.grading", "generate", "--out", str(labs)],
+        check=True,
+        capture_output=True,
+    )
     code, results, _ = grade(phase, tmp_path, "--labs-dir", str(labs))
     passing = [t["name"] for t in results["tests"] if t["status"] == "passed"]
     assert not passing, f"these pass without any student code: {passing}"
@@ -73,10 +91,14 @@ def test_untouched_starters_score_zero(phase, tmp_path):
 @pytest.mark.parametrize("phase", PHASES)
 def test_solved_starters_score_full_marks(phase, tmp_path):
     labs = tmp_path / "solved"
-    subprocess.run([sys.executable, "-m", "mini_vllm.grading", "solve", "--out", str(labs)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "mini_vllm.grading", "solve", "--out", str(labs)],
+        check=True,
+        capture_output=True,
+    )
     code, results, stdout = grade(phase, tmp_path, "--labs-dir", str(labs))
-    failed = [t["name"] + ": " + t["output"][:300] for t in results["tests"]
-              if t["status"] != "passed"]
+    failed = [
+        t["name"] + ": " + t["output"][:300] for t in results["tests"] if t["status"] != "passed"
+    ]
     assert not failed, "\n".join(failed)
     assert results["score"] == results["max_score"] > 0 and code == 0, stdout[-2000:]

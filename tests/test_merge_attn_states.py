@@ -18,8 +18,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mini_vllm.attention.ops.merge_attn_states import (attention_with_lse, merge_attn_states,
-                                                       tiled_attention)
+from mini_vllm.attention.ops.merge_attn_states import (
+    attention_with_lse,
+    merge_attn_states,
+    tiled_attention,
+)
 
 
 def full(q, k, v, scale, causal):
@@ -31,8 +34,14 @@ def full(q, k, v, scale, causal):
 
 
 @settings(max_examples=40, deadline=None)
-@given(T=st.integers(1, 6), N=st.integers(1, 50), H=st.integers(1, 3), tile=st.integers(1, 64),
-       causal=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    T=st.integers(1, 6),
+    N=st.integers(1, 50),
+    H=st.integers(1, 3),
+    tile=st.integers(1, 64),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_tiled_attention_equals_softmax(T, N, H, tile, causal, seed):
     g = torch.Generator().manual_seed(seed)
     T = min(T, N)
@@ -54,7 +63,10 @@ def test_attention_with_lse_of_no_key_is_an_empty_partial():
 
 def test_merge_without_output_lse_and_in_half_precision():
     q, k, v = torch.randn(3, 2, 8), torch.randn(10, 2, 8), torch.randn(10, 2, 8)
-    (po, pl), (so, sl) = attention_with_lse(q, k[:4], v[:4], 0.3), attention_with_lse(q, k[4:], v[4:], 0.3)
+    (po, pl), (so, sl) = (
+        attention_with_lse(q, k[:4], v[:4], 0.3),
+        attention_with_lse(q, k[4:], v[4:], 0.3),
+    )
     out = torch.empty(3, 2, 8, dtype=torch.bfloat16)
     merge_attn_states(out, po.bfloat16(), pl, so.bfloat16(), sl)
     want, _ = full(q, k, v, 0.3, causal=False)
@@ -75,8 +87,9 @@ def test_matches_upstream_triton_merge_with_inf_cases():
     saved = tu.triton, tu.tl
     tu.triton, tu.tl = triton, tl  # vLLM saw no GPU driver and put placeholders there
     try:
-        mod = importlib.reload(importlib.import_module(
-            "vllm.v1.attention.ops.triton_merge_attn_states"))
+        mod = importlib.reload(
+            importlib.import_module("vllm.v1.attention.ops.triton_merge_attn_states")
+        )
     finally:
         tu.triton, tu.tl = saved
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -87,7 +100,9 @@ def test_matches_upstream_triton_merge_with_inf_cases():
     pl[1, 1] = torch.inf
     pl[1, 2] = sl[1, 2] = -torch.inf
     want, want_lse = torch.empty(5, 2, 12, device=device), torch.empty(2, 5, device=device)
-    mod.merge_attn_states(want, po.to(device), pl.to(device), so.to(device), sl.to(device), want_lse)
+    mod.merge_attn_states(
+        want, po.to(device), pl.to(device), so.to(device), sl.to(device), want_lse
+    )
     out, lse = torch.empty(5, 2, 12), torch.empty(2, 5)
     merge_attn_states(out, po, pl, so, sl, lse)
     assert out[2, 1].isnan().all()  # both sides empty: NaN, as upstream
@@ -124,8 +139,20 @@ def test_starter_merge_kernel_cannot_run_compiled(tmp_path, monkeypatch):
     out = torch.zeros(1, 1, 16, device="cuda")
     qsl = torch.zeros(2, dtype=torch.int32, device="cuda")
     with pytest.raises((triton.CompilationError, NotImplementedError)):
-        kernel[(1, 1)](out, qsl, torch.zeros(1, 1, 2, 16, device="cuda"), m, m + 1, 1, 2,
-                       out.stride(0), out.stride(1), SPLITS_PAD=2, HEAD_SIZE=16, HEAD_PAD=16)
+        kernel[(1, 1)](
+            out,
+            qsl,
+            torch.zeros(1, 1, 2, 16, device="cuda"),
+            m,
+            m + 1,
+            1,
+            2,
+            out.stride(0),
+            out.stride(1),
+            SPLITS_PAD=2,
+            HEAD_SIZE=16,
+            HEAD_PAD=16,
+        )
         torch.cuda.synchronize()
 
 

@@ -36,10 +36,12 @@ from mini_vllm.attention.backend import AttentionMetadata, get_kv_cache_shape
 from mini_vllm.attention.backends.torch_attn import TorchAttentionImpl
 from mini_vllm.forward_context import set_forward_context
 from mini_vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
-from mini_vllm.model_executor.model_loader import (find_checkpoint, load_model,
-                                                   smollm2_gguf_path)
-from mini_vllm.model_executor.model_loader.gguf_loader import (GGUF_TO_HF_BLOCK,
-                                                               GGUF_TO_HF_GLOBAL, unpermute_qk)
+from mini_vllm.model_executor.model_loader import find_checkpoint, load_model, smollm2_gguf_path
+from mini_vllm.model_executor.model_loader.gguf_loader import (
+    GGUF_TO_HF_BLOCK,
+    GGUF_TO_HF_GLOBAL,
+    unpermute_qk,
+)
 from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
 from mini_vllm.model_executor.models import resolve_model_cls
 
@@ -52,6 +54,7 @@ REL_TOL = 1e-4
 # --------------------------------------------------------------------------
 # A hand-rolled paged KV cache for a few requests.
 # --------------------------------------------------------------------------
+
 
 class PagedKV:
     """One KV cache tensor per attention layer, and a shuffled free list of block ids."""
@@ -78,8 +81,13 @@ class Seq:
         while len(self.blocks) * BLOCK_SIZE < end:
             self.blocks.append(self.kv.free.pop())
         positions = torch.arange(self.num_computed, end)
-        slots = torch.tensor([self.blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
-                              for p in positions.tolist()], dtype=torch.int64)
+        slots = torch.tensor(
+            [
+                self.blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
+                for p in positions.tolist()
+            ],
+            dtype=torch.int64,
+        )
         self.num_computed = end
         return positions, slots
 
@@ -97,7 +105,7 @@ def run_step(model, batch: list[tuple[Seq, list[int]]]) -> list[torch.Tensor]:
     width = max(len(seq.blocks) for seq, _ in batch)
     table = torch.zeros(len(batch), width, dtype=torch.int32)
     for i, (seq, _) in enumerate(batch):
-        table[i, :len(seq.blocks)] = torch.tensor(seq.blocks, dtype=torch.int32)
+        table[i, : len(seq.blocks)] = torch.tensor(seq.blocks, dtype=torch.int32)
     metadata = AttentionMetadata(
         num_actual_tokens=len(ids),
         max_query_len=max(len(t) for _, t in batch),
@@ -123,9 +131,12 @@ def hf_greedy(hf_model, prompt: list[int], num_tokens: int) -> list[int]:
     config.do_sample, config.max_new_tokens, config.eos_token_id = False, num_tokens, None
     config.temperature = config.top_p = config.top_k = None
     with torch.no_grad():
-        out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                dtype=torch.int64), generation_config=config)
-    generated = out[0, len(prompt):].tolist()
+        out = hf_model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+            generation_config=config,
+        )
+    generated = out[0, len(prompt) :].tolist()
     assert len(generated) == num_tokens, "transformers stopped early"
     return generated
 
@@ -140,10 +151,13 @@ def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 # The three models under test.
 # --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
-    return {arch: make_tiny_model(root / f"tiny-{arch}", arch, seed=0) for arch in ("llama", "qwen3")}
+    return {
+        arch: make_tiny_model(root / f"tiny-{arch}", arch, seed=0) for arch in ("llama", "qwen3")
+    }
 
 
 def _tiny_case(tiny_dirs, arch):
@@ -164,9 +178,12 @@ def smollm2(counts):
         pytest.skip(str(e))
     start = time.perf_counter()
     model, hf_config, tokenizer = load_model(path)
-    counts["models: SmolLM2 load_model seconds (weights + tokenizer)"] = f"{time.perf_counter() - start:.1f}"
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                              dtype=torch.float32).eval()
+    counts["models: SmolLM2 load_model seconds (weights + tokenizer)"] = (
+        f"{time.perf_counter() - start:.1f}"
+    )
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
     return model, hf_config, tokenizer, hf
 
 
@@ -174,7 +191,9 @@ def _smollm2_case(smollm2):
     model, _, tokenizer, hf = smollm2
     chat = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
-        add_generation_prompt=True, tokenize=False)
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     prompts = [tokenizer("The capital of France is")["input_ids"], tokenizer(chat)["input_ids"]]
     return model, hf, prompts
 
@@ -193,6 +212,7 @@ def case(request):
 # --------------------------------------------------------------------------
 # Parity with transformers.
 # --------------------------------------------------------------------------
+
 
 def test_prefill_then_decode_match_transformers(case, counts):
     name, model, hf, prompts = case
@@ -214,12 +234,14 @@ def test_prefill_then_decode_match_transformers(case, counts):
         assert seq.num_computed == len(prompt) + NUM_DECODE
         assert tokens == hf_greedy(hf, prompt, NUM_DECODE + 1), name
 
-        ref_all = hf_logits(hf, prompt + tokens[:-1])[len(prompt):]
+        ref_all = hf_logits(hf, prompt + tokens[:-1])[len(prompt) :]
         worst_decode = max(worst_decode, rel_err(torch.stack(decode_logits), ref_all))
 
     for what, (rel, err) in (("prefill", worst_prefill), ("decode", worst_decode)):
         counts[f"models: {name} {what} max |logit err| (relative)"] = f"{err:.2e} ({rel:.1e})"
-        assert rel < REL_TOL, f"{name} {what}: max |logit err| {err:.3g} is {rel:.2g} of the logit scale"
+        assert rel < REL_TOL, (
+            f"{name} {what}: max |logit err| {err:.3g} is {rel:.2g} of the logit scale"
+        )
 
 
 @pytest.mark.slow
@@ -235,9 +257,20 @@ def test_smollm2_says_paris(smollm2):
 def test_smollm2_gguf_config_matches_transformers(smollm2):
     _, ours, _, hf = smollm2
     theirs = hf.config
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-                "max_position_embeddings", "tie_word_embeddings", "bos_token_id", "eos_token_id"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+    ):
         assert getattr(ours, key) == getattr(theirs, key), key
     assert ours.rope_parameters["rope_theta"] == theirs.rope_parameters["rope_theta"] == 1e5
 
@@ -271,7 +304,8 @@ def test_attention_layers_in_order(tiny_dirs):
     model, hf_config, _ = load_model(tiny_dirs["qwen3"])
     layers = model.attention_layers()
     assert [a.layer_name for a in layers] == [
-        f"model.layers.{i}.self_attn.attn" for i in range(hf_config.num_hidden_layers)]
+        f"model.layers.{i}.self_attn.attn" for i in range(hf_config.num_hidden_layers)
+    ]
     assert {(a.num_heads, a.num_kv_heads, a.head_size) for a in layers} == {(4, 2, 32)}
 
 
@@ -285,7 +319,11 @@ HF_TO_GGUF_BLOCK = {v: k for k, v in GGUF_TO_HF_BLOCK.items()}
 
 def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """What llama.cpp's converter does to Llama q/k rows (the inverse of unpermute_qk)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .transpose(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def hf_to_gguf_name(name: str) -> str:
@@ -344,8 +382,16 @@ def test_gguf_round_trip_equals_safetensors(tiny_dirs, tmp_path, arch):
     from_gguf, gguf_config, tokenizer = load_model(folder)  # a folder with exactly one .gguf
     assert tokenizer is None  # this GGUF embeds none
     from_st, _, _ = load_model(tiny_dirs[arch])
-    for key in ("architectures", "vocab_size", "hidden_size", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "tie_word_embeddings", "rope_parameters"):
+    for key in (
+        "architectures",
+        "vocab_size",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "tie_word_embeddings",
+        "rope_parameters",
+    ):
         assert getattr(gguf_config, key) == getattr(config, key), key
     prompt = list(range(3, 40))
     (a,) = run_step(from_gguf, [(Seq(PagedKV(from_gguf)), prompt)])
@@ -383,6 +429,7 @@ def test_rope_rejects_scaling():
 # Loader errors.
 # --------------------------------------------------------------------------
 
+
 def test_error_unknown_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file or folder") as e:
         load_model(tmp_path / "nope")
@@ -410,10 +457,13 @@ def test_error_config_without_weights(tiny_dirs, tmp_path):
 
 
 def test_error_unsupported_architecture(tmp_path):
-    GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16,
-               architectures=["GPT2LMHeadModel"]).save_pretrained(str(tmp_path))
+    GPT2Config(
+        n_layer=1, n_embd=8, n_head=2, vocab_size=16, architectures=["GPT2LMHeadModel"]
+    ).save_pretrained(str(tmp_path))
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ValueError, match="'GPT2LMHeadModel' is not supported.*LlamaForCausalLM") as e:
+    with pytest.raises(
+        ValueError, match="'GPT2LMHeadModel' is not supported.*LlamaForCausalLM"
+    ) as e:
         load_model(tmp_path)
     assert str(tmp_path) in str(e.value)
 
@@ -446,17 +496,26 @@ def _rewrite(src: Path, dst: Path, edit) -> Path:
 
 
 def test_error_missing_tensor(tiny_dirs, tmp_path):
-    folder = _rewrite(tiny_dirs["qwen3"], tmp_path / "m",
-                      lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"))
-    with pytest.raises(ValueError, match=r"missing tensors.*: model\.layers\.1\.self_attn\.k_proj"
-                                         r"\.weight$") as e:
+    folder = _rewrite(
+        tiny_dirs["qwen3"],
+        tmp_path / "m",
+        lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"),
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"missing tensors.*: model\.layers\.1\.self_attn\.k_proj"
+        r"\.weight$",
+    ) as e:
         load_model(folder)
     assert str(folder) in str(e.value)
 
 
 def test_error_unexpected_tensor(tiny_dirs, tmp_path):
-    folder = _rewrite(tiny_dirs["llama"], tmp_path / "m",
-                      lambda t: t.update({"model.layers.0.mlp.extra.weight": torch.zeros(2)}))
+    folder = _rewrite(
+        tiny_dirs["llama"],
+        tmp_path / "m",
+        lambda t: t.update({"model.layers.0.mlp.extra.weight": torch.zeros(2)}),
+    )
     with pytest.raises(ValueError, match="'model.layers.0.mlp.extra.weight' matches no parameter"):
         load_model(folder)
 
@@ -466,7 +525,9 @@ def test_error_wrong_shape(tiny_dirs, tmp_path):
         t["model.norm.weight"] = t["model.norm.weight"][:10]
 
     folder = _rewrite(tiny_dirs["llama"], tmp_path / "m", shrink)
-    with pytest.raises(ValueError, match=r"'model.norm.weight' has shape \(10,\), expected \(64,\)"):
+    with pytest.raises(
+        ValueError, match=r"'model.norm.weight' has shape \(10,\), expected \(64,\)"
+    ):
         load_model(folder)
 
 
@@ -488,8 +549,11 @@ def test_error_gguf_missing_tensor(tiny_dirs, tmp_path):
     config, tensors = tiny_gguf_tensors(tiny_dirs["llama"], "llama")
     del tensors["blk.2.ffn_up.weight"]
     path = write_gguf(tmp_path / "broken.gguf", "llama", config, tensors)
-    with pytest.raises(ValueError, match=r"missing tensors.*: model\.layers\.2\.mlp\.up_proj"
-                                         r"\.weight$") as e:
+    with pytest.raises(
+        ValueError,
+        match=r"missing tensors.*: model\.layers\.2\.mlp\.up_proj"
+        r"\.weight$",
+    ) as e:
         load_model(path)
     assert str(path) in str(e.value)
 

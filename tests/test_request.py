@@ -23,8 +23,11 @@ from mini_vllm.testing import EOS_TOKEN_ID, create_requests
 # RequestStatus
 # --------------------------------------------------------------------------
 
-FINISHED = [RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED,
-            RequestStatus.FINISHED_ABORTED]
+FINISHED = [
+    RequestStatus.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH_CAPPED,
+    RequestStatus.FINISHED_ABORTED,
+]
 NOT_FINISHED = [RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED]
 
 
@@ -53,11 +56,15 @@ def test_is_finished_follows_from_enum_order():
     assert min(FINISHED) > RequestStatus.PREEMPTED
 
 
-@pytest.mark.parametrize(("status", "reason", "word"), [
-    (RequestStatus.FINISHED_STOPPED, FinishReason.STOP, "stop"),
-    (RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH, "length"),
-    (RequestStatus.FINISHED_ABORTED, FinishReason.ABORT, "abort"),
-], ids=["stopped", "length", "aborted"])
+@pytest.mark.parametrize(
+    ("status", "reason", "word"),
+    [
+        (RequestStatus.FINISHED_STOPPED, FinishReason.STOP, "stop"),
+        (RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH, "length"),
+        (RequestStatus.FINISHED_ABORTED, FinishReason.ABORT, "abort"),
+    ],
+    ids=["stopped", "length", "aborted"],
+)
 def test_finish_reasons(status, reason, word):
     """Finished statuses map to the OpenAI-style reasons stop/length/abort."""
     assert RequestStatus.get_finished_reason(status) is reason
@@ -125,9 +132,9 @@ def test_request_is_finished_follows_its_status():
 
 def test_request_order_is_priority_then_arrival_then_id():
     """Requests compare by (priority, arrival_time, request_id): smaller first."""
-    a, b, c, d = create_requests(4, req_ids=["a", "b", "c", "d"],
-                                 priorities=[1, 0, 0, 0],
-                                 arrival_times=[0.0, 2.0, 1.0, 1.0])
+    a, b, c, d = create_requests(
+        4, req_ids=["a", "b", "c", "d"], priorities=[1, 0, 0, 0], arrival_times=[0.0, 2.0, 1.0, 1.0]
+    )
     # b, c, d beat a on priority; c and d beat b on arrival; c beats d on id.
     assert sorted([a, b, c, d]) == [c, d, b, a]
     assert not (c < c)
@@ -138,11 +145,17 @@ def test_request_order_is_priority_then_arrival_then_id():
 # --------------------------------------------------------------------------
 
 
-def request_for_stop(prompt_len=4, max_tokens=5, min_tokens=0, stop_token_ids=None,
-                     ignore_eos=False) -> Request:
-    (req,) = create_requests(1, num_tokens=prompt_len, max_tokens=max_tokens,
-                             min_tokens=min_tokens, stop_token_ids=stop_token_ids,
-                             ignore_eos=ignore_eos)
+def request_for_stop(
+    prompt_len=4, max_tokens=5, min_tokens=0, stop_token_ids=None, ignore_eos=False
+) -> Request:
+    (req,) = create_requests(
+        1,
+        num_tokens=prompt_len,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        stop_token_ids=stop_token_ids,
+        ignore_eos=ignore_eos,
+    )
     req.status = RequestStatus.RUNNING
     return req
 
@@ -245,12 +258,15 @@ def test_ignore_eos_keeps_going_past_eos():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("items", "remove", "expected"), [
-    ([1, 2, 3], set(), [1, 2, 3]),
-    ([1, 2, 3], {2}, [1, 3]),
-    ([1, 2, 3], {9}, [1, 2, 3]),  # absent item: no error
-    ([1, 2, 3, 4], {1, 3}, [2, 4]),
-])
+@pytest.mark.parametrize(
+    ("items", "remove", "expected"),
+    [
+        ([1, 2, 3], set(), [1, 2, 3]),
+        ([1, 2, 3], {2}, [1, 3]),
+        ([1, 2, 3], {9}, [1, 2, 3]),  # absent item: no error
+        ([1, 2, 3, 4], {1, 3}, [2, 4]),
+    ],
+)
 def test_remove_all(items, remove, expected):
     """remove_all returns the list without the given items, order kept."""
     assert remove_all(list(items), remove) == expected

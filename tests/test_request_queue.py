@@ -101,9 +101,9 @@ def test_fcfs_remove_keeps_the_others_in_order():
 def test_priority_pops_smallest_priority_then_earliest_then_id():
     """Lower priority value first; ties by arrival time, then by request id."""
     q = PriorityRequestQueue()
-    reqs = create_requests(4, req_ids=["d", "c", "b", "a"],
-                           priorities=[1, 0, 0, 0],
-                           arrival_times=[0.0, 5.0, 3.0, 3.0])
+    reqs = create_requests(
+        4, req_ids=["d", "c", "b", "a"], priorities=[1, 0, 0, 0], arrival_times=[0.0, 5.0, 3.0, 3.0]
+    )
     for r in reqs:
         q.add_request(r)
     # c, b, a have priority 0; b and a arrived first (3.0); a < b by id.
@@ -154,15 +154,20 @@ def test_priority_remove_keeps_the_heap_valid():
 
 
 @settings(max_examples=200, deadline=None)
-@given(keys=st.lists(st.tuples(st.integers(-2, 2), st.integers(0, 3)), max_size=15),
-       prepend_mask=st.lists(st.booleans(), max_size=15))
+@given(
+    keys=st.lists(st.tuples(st.integers(-2, 2), st.integers(0, 3)), max_size=15),
+    prepend_mask=st.lists(st.booleans(), max_size=15),
+)
 def test_priority_pop_order_is_sorted_key_order(keys, prepend_mask):
     """Whatever the insert order (add or prepend), pops come out sorted by
     (priority, arrival_time, request_id)."""
     n = len(keys)
-    reqs = create_requests(n, req_ids=[f"r{i:02d}" for i in range(n)],
-                           priorities=[p for p, _ in keys],
-                           arrival_times=[float(t) for _, t in keys])
+    reqs = create_requests(
+        n,
+        req_ids=[f"r{i:02d}" for i in range(n)],
+        priorities=[p for p, _ in keys],
+        arrival_times=[float(t) for _, t in keys],
+    )
     q = PriorityRequestQueue()
     for i, r in enumerate(reqs):
         if i < len(prepend_mask) and prepend_mask[i]:
@@ -174,15 +179,20 @@ def test_priority_pop_order_is_sorted_key_order(keys, prepend_mask):
 
 
 @settings(max_examples=200, deadline=None)
-@given(keys=st.lists(st.tuples(st.integers(-2, 2), st.integers(0, 3)), min_size=1, max_size=15),
-       removals=st.lists(st.integers(0, 100), max_size=8))
+@given(
+    keys=st.lists(st.tuples(st.integers(-2, 2), st.integers(0, 3)), min_size=1, max_size=15),
+    removals=st.lists(st.integers(0, 100), max_size=8),
+)
 def test_priority_pop_order_after_removals(keys, removals):
     """Removing requests one by one (from anywhere in the heap) never breaks
     the pop order of those that remain."""
     n = len(keys)
-    reqs = create_requests(n, req_ids=[f"r{i:02d}" for i in range(n)],
-                           priorities=[p for p, _ in keys],
-                           arrival_times=[float(t) for _, t in keys])
+    reqs = create_requests(
+        n,
+        req_ids=[f"r{i:02d}" for i in range(n)],
+        priorities=[p for p, _ in keys],
+        arrival_times=[float(t) for _, t in keys],
+    )
     q = PriorityRequestQueue()
     for r in reqs:
         q.add_request(r)

@@ -20,8 +20,9 @@ from mini_vllm.sample.sampler import Sampler, apply_top_k_top_p
 NEG_INF = float("-inf")
 
 
-def make_metadata(temperature, *, top_k=None, top_p=None, generators=None, logprobs=None,
-                  blocked=None) -> SamplingMetadata:
+def make_metadata(
+    temperature, *, top_k=None, top_p=None, generators=None, logprobs=None, blocked=None
+) -> SamplingMetadata:
     """Metadata as the model runner builds it (gpu_model_runner._sampling_metadata)."""
     temperature = [float(t) for t in temperature]
     n = len(temperature)
@@ -108,8 +109,12 @@ def test_greedy_rows_stay_argmax_in_a_random_batch():
     logits = torch.randn(4, 50, generator=seeded(1))
     argmax = logits.argmax(dim=-1).tolist()
     for seed in range(20):
-        md = make_metadata([0.0, 1.0, 0.0, 1.5], top_k=[0, 5, 0, 0], top_p=[1.0, 1.0, 1.0, 0.5],
-                           generators=[seeded(seed)] * 4)
+        md = make_metadata(
+            [0.0, 1.0, 0.0, 1.5],
+            top_k=[0, 5, 0, 0],
+            top_p=[1.0, 1.0, 1.0, 0.5],
+            generators=[seeded(seed)] * 4,
+        )
         out = Sampler()(logits.clone(), md).sampled_token_ids.tolist()
         assert out[0] == argmax[0] and out[2] == argmax[2]
 
@@ -125,8 +130,12 @@ def test_temperature_towards_zero_is_greedy():
         assert Sampler()(logits.clone(), md).sampled_token_ids.tolist() == argmax
     # ...while at temperature 1 the same rows do not all follow the argmax.
     hot = logits / 4  # gaps of 0.25: plenty of mass off the top token
-    drawn = [Sampler()(hot.clone(), make_metadata([1.0] * 8, generators=[seeded(s)] * 8))
-             .sampled_token_ids.tolist() for s in range(5)]
+    drawn = [
+        Sampler()(
+            hot.clone(), make_metadata([1.0] * 8, generators=[seeded(s)] * 8)
+        ).sampled_token_ids.tolist()
+        for s in range(5)
+    ]
     assert any(d != argmax for d in drawn)
 
 
@@ -208,8 +217,9 @@ def test_top_k_then_top_p_on_the_renormalised_top_k():
     # Row 1: top_k only (top_p 1.0 is off in this row).
     # Row 2: top_p only (top_k 0 is off in this row): 0.4+0.3 >= 0.65.
     # Row 3: both off.
-    out = apply_top_k_top_p(logits.clone(), torch.tensor([2, 3, 0, 0]),
-                            torch.tensor([0.5, 1.0, 0.65, 1.0]))
+    out = apply_top_k_top_p(
+        logits.clone(), torch.tensor([2, 3, 0, 0]), torch.tensor([0.5, 1.0, 0.65, 1.0])
+    )
     assert kept(out[0]) == {1}
     assert kept(out[1]) == {1, 3, 2}
     assert kept(out[2]) == {1, 3}
@@ -219,8 +229,9 @@ def test_top_k_then_top_p_on_the_renormalised_top_k():
 def test_random_rows_never_draw_outside_top_k_top_p():
     vocab = 50
     logits = torch.randn(1, vocab, generator=seeded(5)).expand(400, vocab).clone()
-    md = make_metadata([1.0] * 200 + [2.0] * 200, top_k=[4] * 200 + [0] * 200,
-                       top_p=[1.0] * 200 + [0.3] * 200)
+    md = make_metadata(
+        [1.0] * 200 + [2.0] * 200, top_k=[4] * 200 + [0] * 200, top_p=[1.0] * 200 + [0.3] * 200
+    )
     torch.manual_seed(0)
     drawn = Sampler()(logits.clone(), md).sampled_token_ids
     assert set(drawn[:200].tolist()) <= ref_top_k(logits[0].tolist(), 4)
@@ -266,8 +277,14 @@ def test_same_seed_same_draws_different_seed_different_draws():
 
     def run(seed):
         gen = seeded(seed)
-        return [int(Sampler()(logits.clone(), make_metadata([1.0], generators=[gen]))
-                    .sampled_token_ids[0]) for _ in range(20)]
+        return [
+            int(
+                Sampler()(logits.clone(), make_metadata([1.0], generators=[gen])).sampled_token_ids[
+                    0
+                ]
+            )
+            for _ in range(20)
+        ]
 
     a, b, c = run(42), run(42), run(43)
     assert a == b
@@ -279,8 +296,14 @@ def test_a_seeded_row_ignores_the_rest_of_the_batch():
     vocab = 200
     row_logits = torch.randn(1, vocab, generator=seeded(8))
     alone_gen = seeded(7)
-    alone = [int(Sampler()(row_logits.clone(), make_metadata([0.8], generators=[alone_gen]))
-                 .sampled_token_ids[0]) for _ in range(15)]
+    alone = [
+        int(
+            Sampler()(
+                row_logits.clone(), make_metadata([0.8], generators=[alone_gen])
+            ).sampled_token_ids[0]
+        )
+        for _ in range(15)
+    ]
     batch_gen = seeded(7)
     in_batch = []
     for step in range(15):
@@ -316,8 +339,16 @@ def test_seeded_draws_follow_the_distribution_too():
     # One seeded generator stepping n times (the per-request path).
     logits = torch.tensor([[1.0, 0.0, -1.0, 0.5]])
     gen = seeded(99)
-    drawn = torch.tensor([int(Sampler()(logits.clone(), make_metadata([1.0], generators=[gen]))
-                              .sampled_token_ids[0]) for _ in range(4000)])
+    drawn = torch.tensor(
+        [
+            int(
+                Sampler()(logits.clone(), make_metadata([1.0], generators=[gen])).sampled_token_ids[
+                    0
+                ]
+            )
+            for _ in range(4000)
+        ]
+    )
     expected = torch.softmax(logits[0].double(), dim=-1).tolist()
     assert chi_square(counts_of(drawn, 4), expected) < CHI2_999[3]
 
@@ -344,14 +375,14 @@ def test_top_k_top_p_sampling_follows_the_renormalised_distribution():
 
 
 def test_logprobs_sampled_first_then_top_n_with_rank():
-    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0],
-                           [4.0, 0.5, 0.0, 1.0, 2.0]])
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0], [4.0, 0.5, 0.0, 1.0, 2.0]])
     raw = torch.log_softmax(logits, dim=-1)
     # Row 0 greedy; row 1 is forced off its argmax by min_tokens (token 0
     # blocked) and runs at temperature 0.5: logprobs stay those of the raw
     # logits, before masking and temperature.
-    md = make_metadata([0.0, 0.5], top_k=[0, 1], logprobs=3, blocked={1: [0]},
-                       generators=[None, seeded(0)])
+    md = make_metadata(
+        [0.0, 0.5], top_k=[0, 1], logprobs=3, blocked={1: [0]}, generators=[None, seeded(0)]
+    )
     out = Sampler()(logits.clone(), md)
     assert out.sampled_token_ids.tolist() == [1, 4]  # top_k=1 after blocking 0: token 4
     (ids0, vals0, rank0), (ids1, vals1, rank1) = out.logprobs

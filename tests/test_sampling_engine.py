@@ -39,13 +39,11 @@ def generate(llm: LLM, prompts: list[list[int]], params) -> list:
     return [o.outputs[0] for o in outs]
 
 
-
-
 @torch.no_grad()
 def hf_logprobs(hf, prompt: list[int], output: list[int]) -> torch.Tensor:
     """log_softmax of the logits that produced each output token: [len(output), vocab]."""
     logits = hf(torch.tensor([prompt + output])).logits[0].float()
-    return torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)
+    return torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
 
 
 RANDOM = dict(temperature=1.0, max_tokens=16, ignore_eos=True)
@@ -94,8 +92,13 @@ def test_seeded_request_alone_equals_seeded_request_in_a_batch(llm, tiny_qwen3):
         SamplingParams(seed=77, temperature=1.0, max_tokens=16, ignore_eos=True),
         SamplingParams(temperature=0.9, max_tokens=3, ignore_eos=True),
     ]
-    batch_llm = LLM(tiny_qwen3[0], max_model_len=128, kv_cache_memory_bytes=8 << 20,
-                    max_num_batched_tokens=24, max_num_seqs=9)
+    batch_llm = LLM(
+        tiny_qwen3[0],
+        max_model_len=128,
+        kv_cache_memory_bytes=8 << 20,
+        max_num_batched_tokens=24,
+        max_num_seqs=9,
+    )
     prompts = others[:4] + [prompt] + others[4:]
     params = other_params[:4] + [seeded] + other_params[4:]
     torch.manual_seed(999)  # a different global stream from the solo run's
@@ -112,14 +115,19 @@ def test_min_tokens_holds_back_a_stop_token(llm, tiny_qwen3):
     greedy0 = hf_greedy(tiny_qwen3[1], prompt, 1)[0]
     assert greedy0 != EOS
 
-    no_min = generate(llm, [prompt], SamplingParams(
-        temperature=0.0, stop_token_ids=[greedy0], max_tokens=10))[0]
+    no_min = generate(
+        llm, [prompt], SamplingParams(temperature=0.0, stop_token_ids=[greedy0], max_tokens=10)
+    )[0]
     assert no_min.token_ids == [greedy0]
     assert no_min.finish_reason == "stop" and no_min.stop_reason == greedy0
 
-    held = generate(llm, [prompt], SamplingParams(
-        temperature=0.0, stop_token_ids=[greedy0], min_tokens=3, max_tokens=10,
-        ignore_eos=True))[0]
+    held = generate(
+        llm,
+        [prompt],
+        SamplingParams(
+            temperature=0.0, stop_token_ids=[greedy0], min_tokens=3, max_tokens=10, ignore_eos=True
+        ),
+    )[0]
     assert len(held.token_ids) >= 3
     assert greedy0 not in held.token_ids[:3]
     if greedy0 in held.token_ids:  # it may stop the request once allowed
@@ -141,9 +149,21 @@ def test_min_tokens_holds_back_a_large_stop_set_under_random_sampling(llm):
     prompts = prompts_of(8, seed=9)
 
     def run(min_tokens):
-        return generate(llm, prompts, [SamplingParams(
-            seed=s, temperature=1.0, stop_token_ids=stop, min_tokens=min_tokens,
-            max_tokens=12, ignore_eos=True) for s in range(8)])
+        return generate(
+            llm,
+            prompts,
+            [
+                SamplingParams(
+                    seed=s,
+                    temperature=1.0,
+                    stop_token_ids=stop,
+                    min_tokens=min_tokens,
+                    max_tokens=12,
+                    ignore_eos=True,
+                )
+                for s in range(8)
+            ],
+        )
 
     free = run(0)
     assert sum(len(o.token_ids) <= 6 for o in free) >= 4, [o.token_ids for o in free]
@@ -175,16 +195,18 @@ def test_eos_stops_a_request_and_ignore_eos_continues(llm, tiny_qwen3, eos_promp
     assert out.token_ids == [EOS]
     assert out.finish_reason == "stop" and out.stop_reason is None
 
-    cont = generate(llm, [eos_prompt], SamplingParams(temperature=0.0, max_tokens=8,
-                                                      ignore_eos=True))[0]
+    cont = generate(
+        llm, [eos_prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    )[0]
     assert cont.token_ids == hf_greedy(tiny_qwen3[1], eos_prompt, 8)
     assert cont.token_ids[0] == EOS and len(cont.token_ids) == 8
     assert cont.finish_reason == "length"
 
 
 def test_min_tokens_also_holds_back_eos(llm, eos_prompt):
-    out = generate(llm, [eos_prompt], SamplingParams(temperature=0.0, max_tokens=8,
-                                                     min_tokens=2))[0]
+    out = generate(llm, [eos_prompt], SamplingParams(temperature=0.0, max_tokens=8, min_tokens=2))[
+        0
+    ]
     assert len(out.token_ids) >= 2
     assert EOS not in out.token_ids[:2]
 
@@ -196,9 +218,14 @@ def test_max_model_len_caps_the_output(tiny_qwen3):
     max_model_len = 32
     small = LLM(tiny_qwen3[0], max_model_len=max_model_len, kv_cache_memory_bytes=4 << 20)
     prompt = prompts_of(1, seed=6, min_len=max_model_len - 3, max_len=max_model_len - 3)[0]
-    big, unset = generate(small, [prompt, prompt], [
-        SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True),
-        SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)])
+    big, unset = generate(
+        small,
+        [prompt, prompt],
+        [
+            SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True),
+            SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True),
+        ],
+    )
     for out in (big, unset):
         assert len(out.token_ids) == 3
         assert out.finish_reason == "length" and out.stop_reason is None
@@ -210,8 +237,11 @@ def test_max_model_len_caps_the_output(tiny_qwen3):
 
 def test_logprobs_per_token_match_transformers(llm, tiny_qwen3):
     prompt = prompts_of(1, seed=7)[0]
-    out = generate(llm, [prompt], SamplingParams(seed=5, logprobs=2, temperature=1.0,
-                                                 max_tokens=10, ignore_eos=True))[0]
+    out = generate(
+        llm,
+        [prompt],
+        SamplingParams(seed=5, logprobs=2, temperature=1.0, max_tokens=10, ignore_eos=True),
+    )[0]
     ref = hf_logprobs(tiny_qwen3[1], prompt, out.token_ids)
     assert len(out.logprobs) == len(out.token_ids) == 10
     off_top = 0
@@ -224,15 +254,18 @@ def test_logprobs_per_token_match_transformers(llm, tiny_qwen3):
         off_top += tok not in top2
     assert off_top > 0  # some draws left the top 2: the sampled entry is exercised
     assert out.cumulative_logprob == pytest.approx(
-        sum(out.logprobs[i][t] for i, t in enumerate(out.token_ids)), abs=1e-5)
+        sum(out.logprobs[i][t] for i, t in enumerate(out.token_ids)), abs=1e-5
+    )
 
 
 def test_each_request_gets_its_own_number_of_logprobs(llm):
     prompt = prompts_of(1, seed=8)[0]
     wants = [None, 0, 2, -1]
-    outs = generate(llm, [prompt] * 4, [SamplingParams(temperature=0.0, max_tokens=4,
-                                                       ignore_eos=True, logprobs=n)
-                                        for n in wants])
+    outs = generate(
+        llm,
+        [prompt] * 4,
+        [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=n) for n in wants],
+    )
     none, zero, two, full = outs
     assert none.logprobs is None and none.cumulative_logprob is None
     assert [list(e) for e in zero.logprobs] == [[t] for t in zero.token_ids]
@@ -258,16 +291,22 @@ def decode(tokenizer, ids: list[int]) -> str:
 
 
 def test_smollm2_text_is_the_decoded_tokens(smollm2):
-    out = smollm2.generate("The capital of France is",
-                           SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)[0]
+    out = smollm2.generate(
+        "The capital of France is", SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False
+    )[0]
     completion = out.outputs[0]
     assert len(completion.token_ids) == 8
     assert completion.text == decode(smollm2.get_tokenizer(), completion.token_ids)
     assert completion.text.startswith(" Paris")
 
 
-DETOK_PROMPTS = ["The capital of France is", "Café ☕ 日本", "日本の首都は",
-                 "Emoji party: 🎉🎈", "Привет, как дела?"]
+DETOK_PROMPTS = [
+    "The capital of France is",
+    "Café ☕ 日本",
+    "日本の首都は",
+    "Emoji party: 🎉🎈",
+    "Привет, как дела?",
+]
 
 
 def test_streamed_text_matches_a_full_decode_at_every_step(smollm2):
@@ -277,7 +316,8 @@ def test_streamed_text_matches_a_full_decode_at_every_step(smollm2):
     tok = smollm2.get_tokenizer()
     engine = smollm2.llm_engine
     params = [SamplingParams(temperature=0.0, max_tokens=16)] * len(DETOK_PROMPTS) + [
-        SamplingParams(temperature=1.0, seed=s, max_tokens=16) for s in range(len(DETOK_PROMPTS))]
+        SamplingParams(temperature=1.0, seed=s, max_tokens=16) for s in range(len(DETOK_PROMPTS))
+    ]
     # One more whose seeded draw ends in EOS (<|im_end|>, a special token
     # that the text leaves out).
     prompts = DETOK_PROMPTS * 2 + [DETOK_PROMPTS[0]]
@@ -301,7 +341,7 @@ def test_streamed_text_matches_a_full_decode_at_every_step(smollm2):
             non_ascii |= any(ord(ch) > 127 for ch in text)
             if out.finished:
                 full = decode(tok, ids)
-                assert full.startswith(text) and "\ufffd" in full[len(text):] or full == text
+                assert full.startswith(text) and "\ufffd" in full[len(text) :] or full == text
                 if c.finish_reason == "stop":
                     assert ids[-1] == tok.eos_token_id and tok.eos_token not in text
                     eos_seen = True
@@ -322,6 +362,6 @@ def test_incremental_detokenizer_on_non_ascii_text(smollm2):
         pieces = []
         for i in range(0, len(ids), chunk):
             before = len(detok.output_text)
-            assert detok.update(ids[i:i + chunk]) is None  # no stop strings asked for
+            assert detok.update(ids[i : i + chunk]) is None  # no stop strings asked for
             pieces.append(detok.output_text[before:])
         assert "".join(pieces) == detok.output_text == decode(tok, ids) == text

@@ -36,8 +36,7 @@ BAD_VALUES = [
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "field"), BAD_VALUES,
-                         ids=[f"{k}" for k, _ in BAD_VALUES])
+@pytest.mark.parametrize(("kwargs", "field"), BAD_VALUES, ids=[f"{k}" for k, _ in BAD_VALUES])
 def test_bad_value_raises_value_error_naming_the_field(kwargs, field):
     """Each invalid argument is rejected at construction with a message that
     starts by naming the field."""
@@ -52,22 +51,26 @@ def test_validation_happens_before_greedy_reset():
         SamplingParams(temperature=0.0, top_p=1.5)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"max_tokens": 1},
-    {"max_tokens": None},
-    {"temperature": 0.0},
-    {"top_p": 1.0},
-    {"top_p": 1e-6},
-    {"top_k": 0},
-    {"top_k": -1},
-    {"top_k": 1},
-    {"min_tokens": 4, "max_tokens": 4},  # equal is allowed
-    {"min_tokens": 100, "max_tokens": None},  # no cap to compare with
-    {"stop_token_ids": []},
-    {"logprobs": -1},
-    {"logprobs": 0},
-    {"seed": 0},
-], ids=str)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_tokens": 1},
+        {"max_tokens": None},
+        {"temperature": 0.0},
+        {"top_p": 1.0},
+        {"top_p": 1e-6},
+        {"top_k": 0},
+        {"top_k": -1},
+        {"top_k": 1},
+        {"min_tokens": 4, "max_tokens": 4},  # equal is allowed
+        {"min_tokens": 100, "max_tokens": None},  # no cap to compare with
+        {"stop_token_ids": []},
+        {"logprobs": -1},
+        {"logprobs": 0},
+        {"seed": 0},
+    ],
+    ids=str,
+)
 def test_boundary_values_are_accepted(kwargs):
     """Values on the allowed side of each boundary construct fine and are kept."""
     params = SamplingParams(**kwargs)

@@ -16,19 +16,21 @@ from mini_vllm.sampling_params import SamplingParams
 def run_step(sched, token=1000):
     out = sched.schedule()
     result = sched.update_from_output(
-        out, mini.make_model_runner_output(sched, out, lambda r: token))
+        out, mini.make_model_runner_output(sched, out, lambda r: token)
+    )
     return out, result
 
 
 # ----------------------------------------------------------------- the rules
 
+
 def test_clamp_new_tokens_applies_threshold_budget_and_model_length():
     sched = mini.create_scheduler(max_model_len=100, long_prefill_token_threshold=10)
     (req,) = mini.create_requests(1, num_tokens=50)
-    assert sched._clamp_new_tokens(req, 50, token_budget=1000) == 10   # threshold
-    assert sched._clamp_new_tokens(req, 50, token_budget=7) == 7       # budget
+    assert sched._clamp_new_tokens(req, 50, token_budget=1000) == 10  # threshold
+    assert sched._clamp_new_tokens(req, 50, token_budget=7) == 7  # budget
     req.num_computed_tokens = 95
-    assert sched._clamp_new_tokens(req, 5, token_budget=1000) == 4     # 100 - 1 - 95
+    assert sched._clamp_new_tokens(req, 5, token_budget=1000) == 4  # 100 - 1 - 95
 
 
 def test_chunked_prefill_splits_a_long_prompt_over_steps():
@@ -43,8 +45,9 @@ def test_chunked_prefill_splits_a_long_prompt_over_steps():
 
 
 def test_without_chunked_prefill_a_prompt_larger_than_the_budget_left_waits():
-    sched = mini.create_scheduler(max_num_batched_tokens=100, max_model_len=100,
-                                  enable_chunked_prefill=False)
+    sched = mini.create_scheduler(
+        max_num_batched_tokens=100, max_model_len=100, enable_chunked_prefill=False
+    )
     a, b = mini.create_requests(2, num_tokens=60)
     sched.add_request(a)
     sched.add_request(b)
@@ -65,7 +68,7 @@ def test_running_requests_are_scheduled_before_waiting_ones():
     sched = mini.create_scheduler(max_num_batched_tokens=16, max_num_seqs=4)
     a, b = mini.create_requests(2, num_tokens=10)
     sched.add_request(a)
-    run_step(sched)                       # a prefilled, sampled one token
+    run_step(sched)  # a prefilled, sampled one token
     sched.add_request(b)
     out = sched.schedule()
     assert list(out.num_scheduled_tokens.items()) == [("0", 1), ("1", 10)]
@@ -75,10 +78,17 @@ def tight_cache(num_requests, **kwargs):
     """6 usable blocks of 4 tokens; each 7-token prompt takes 2 blocks, so
     three requests fill the cache and their 9th token forces a preemption."""
     priorities = kwargs.pop("priorities", None)
-    sched = mini.create_scheduler(num_blocks=7, block_size=4, max_model_len=24,
-                                  max_num_batched_tokens=64, **kwargs)
-    reqs = mini.create_requests(num_requests, num_tokens=7, max_tokens=10, ignore_eos=True,
-                                block_size=4, priorities=priorities)
+    sched = mini.create_scheduler(
+        num_blocks=7, block_size=4, max_model_len=24, max_num_batched_tokens=64, **kwargs
+    )
+    reqs = mini.create_requests(
+        num_requests,
+        num_tokens=7,
+        max_tokens=10,
+        ignore_eos=True,
+        block_size=4,
+        priorities=priorities,
+    )
     for req in reqs:
         sched.add_request(req)
     return sched, reqs
@@ -86,9 +96,9 @@ def tight_cache(num_requests, **kwargs):
 
 def test_fcfs_preempts_the_most_recently_admitted_and_admits_nobody_that_step():
     sched, reqs = tight_cache(4)
-    run_step(sched)                       # 0,1,2 admitted; 3 waits (no memory)
-    run_step(sched)                       # each reaches 8 tokens = 2 full blocks
-    out, _ = run_step(sched)              # token 9 needs a 3rd block: 0 gets it, then...
+    run_step(sched)  # 0,1,2 admitted; 3 waits (no memory)
+    run_step(sched)  # each reaches 8 tokens = 2 full blocks
+    out, _ = run_step(sched)  # token 9 needs a 3rd block: 0 gets it, then...
     assert out.preempted_req_ids == {"2"}, "FCFS victim is the tail of running"
     assert not out.scheduled_new_reqs, "no admissions in a step that preempted"
     assert reqs[2].status == RequestStatus.PREEMPTED and reqs[2].num_computed_tokens == 0
@@ -136,8 +146,8 @@ def test_finished_ids_are_reported_in_the_next_schedule_output():
 
 def test_eos_stops_unless_ignore_eos():
     sched = mini.create_scheduler()
-    a, = mini.create_requests(1, max_tokens=5, req_ids=["a"])
-    b, = mini.create_requests(1, max_tokens=5, req_ids=["b"], ignore_eos=True)
+    (a,) = mini.create_requests(1, max_tokens=5, req_ids=["a"])
+    (b,) = mini.create_requests(1, max_tokens=5, req_ids=["b"], ignore_eos=True)
     sched.add_request(a)
     sched.add_request(b)
     run_step(sched, token=mini.EOS_TOKEN_ID)
@@ -147,9 +157,14 @@ def test_eos_stops_unless_ignore_eos():
 
 # ----------------------------------------------------------------- bad input
 
+
 def _state(sched):
-    return (sorted(sched.requests), len(sched.waiting), len(sched.running),
-            sched.kv_cache_manager.block_pool.get_num_free_blocks())
+    return (
+        sorted(sched.requests),
+        len(sched.waiting),
+        len(sched.running),
+        sched.kv_cache_manager.block_pool.get_num_free_blocks(),
+    )
 
 
 def test_duplicate_request_id_is_rejected_and_changes_nothing():
@@ -163,12 +178,15 @@ def test_duplicate_request_id_is_rejected_and_changes_nothing():
     assert _state(sched) == before
 
 
-@pytest.mark.parametrize("prompt_len, min_tokens, match", [
-    (0, 0, "empty prompt"),
-    (64, 0, "shorter than max_model_len"),
-    (100, 0, "shorter than max_model_len"),
-    (60, 5, "min_tokens could never be met"),
-])
+@pytest.mark.parametrize(
+    "prompt_len, min_tokens, match",
+    [
+        (0, 0, "empty prompt"),
+        (64, 0, "shorter than max_model_len"),
+        (100, 0, "shorter than max_model_len"),
+        (60, 5, "min_tokens could never be met"),
+    ],
+)
 def test_bad_prompts_are_rejected_and_change_nothing(prompt_len, min_tokens, match):
     sched = mini.create_scheduler(max_model_len=64)
     (req,) = mini.create_requests(1, num_tokens=prompt_len, min_tokens=min_tokens)
@@ -186,13 +204,18 @@ def test_kv_cache_too_small_for_one_request_fails_at_construction_with_numbers()
     mini.create_scheduler(num_blocks=5, block_size=16, max_model_len=64)  # just enough
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(max_num_batched_tokens=8, max_num_seqs=16), "max_num_batched_tokens"),
-    (dict(max_num_batched_tokens=32, max_model_len=64, enable_chunked_prefill=False),
-     "max_num_batched_tokens"),
-    (dict(policy="lifo"), "policy"),
-    (dict(block_size=0), "block_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(max_num_batched_tokens=8, max_num_seqs=16), "max_num_batched_tokens"),
+        (
+            dict(max_num_batched_tokens=32, max_model_len=64, enable_chunked_prefill=False),
+            "max_num_batched_tokens",
+        ),
+        (dict(policy="lifo"), "policy"),
+        (dict(block_size=0), "block_size"),
+    ],
+)
 def test_bad_scheduler_config_is_rejected(kwargs, field):
     with pytest.raises(ValueError, match=field):
         mini.create_scheduler(**kwargs)

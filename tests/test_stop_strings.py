@@ -37,8 +37,9 @@ def tiny(tmp_path_factory):
     """(loaded tiny Llama with SmolLM2's tokenizer, its HF greedy text for PROMPT)."""
     from transformers import AutoModelForCausalLM
 
-    folder = make_tiny_model(tmp_path_factory.mktemp("tiny_tok"), arch="llama", seed=0,
-                             tokenizer=True)
+    folder = make_tiny_model(
+        tmp_path_factory.mktemp("tiny_tok"), arch="llama", seed=0, tokenizer=True
+    )
     loaded = load_model(folder, device="cpu", dtype=torch.float32)
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     ids = hf_greedy(hf, loaded.tokenizer.encode(PROMPT), N)
@@ -54,6 +55,7 @@ def run(engine, params):
 
 
 # ------------------------------------------------------------ SamplingParams
+
 
 def test_stop_accepts_a_string_or_a_list():
     assert SamplingParams().stop == []
@@ -84,6 +86,7 @@ def test_stop_normalisation_and_empty_string_match_upstream():
 
 # ------------------------------------------------------------ the engine
 
+
 @pytest.mark.parametrize("include", [False, True])
 def test_engine_text_is_hf_greedy_text_cut_at_the_stop_string(tiny, include):
     loaded, hf_ids = tiny
@@ -92,18 +95,26 @@ def test_engine_text_is_hf_greedy_text_cut_at_the_stop_string(tiny, include):
     # A stop string that starts inside HF's 6th token's text and spans into
     # the 7th (so it crosses a token boundary), and is not found earlier.
     cut = len(tok.decode(hf_ids[:6]))
-    stop = full[cut - 1:cut + 1]
+    stop = full[cut - 1 : cut + 1]
     first = full.find(stop)
     engine = make_engine(loaded, num_gpu_blocks=32)
     free_before = engine.engine_core.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
-    outs = run(engine, SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True,
-                                      stop=[stop], include_stop_str_in_output=include))
+    outs = run(
+        engine,
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=N,
+            ignore_eos=True,
+            stop=[stop],
+            include_stop_str_in_output=include,
+        ),
+    )
     last = outs[-1].outputs[0]
-    want = full[:first + len(stop)] if include else full[:first]
+    want = full[: first + len(stop)] if include else full[:first]
     assert (last.text, last.finish_reason, last.stop_reason) == (want, "stop", stop)
     assert outs[-1].finished and sum(o.finished for o in outs) == 1
     # The tokens up to the one that completed the stop string are reported.
-    assert last.token_ids == hf_ids[:len(last.token_ids)] and len(last.token_ids) < N
+    assert last.token_ids == hf_ids[: len(last.token_ids)] and len(last.token_ids) < N
     sched = engine.engine_core.scheduler
     # Aborted and freed at once; only its id waits to be reported in the
     # next SchedulerOutput's finished_req_ids (so the model runner drops it).
@@ -115,8 +126,7 @@ def test_running_text_holds_back_a_possible_stop_string(tiny):
     loaded, hf_ids = tiny
     stop = "\x00never"  # never generated: the request runs to max_tokens
     engine = make_engine(loaded, num_gpu_blocks=32)
-    outs = run(engine, SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True,
-                                      stop=[stop]))
+    outs = run(engine, SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True, stop=[stop]))
     full = loaded.tokenizer.decode(hf_ids)
     for out in outs[:-1]:
         text = out.outputs[0].text
@@ -124,7 +134,7 @@ def test_running_text_holds_back_a_possible_stop_string(tiny):
     # Unfinished outputs hide len(stop) - 1 characters; the final one shows all.
     detok = IncrementalDetokenizer(loaded.tokenizer, [1], params=SamplingParams(stop=[stop]))
     detok.update(hf_ids)
-    assert detok.get_next_output_text(False) == full[:-(len(stop) - 1)]
+    assert detok.get_next_output_text(False) == full[: -(len(stop) - 1)]
     assert outs[-1].outputs[0].text == full and outs[-1].outputs[0].finish_reason == "length"
 
 
@@ -138,6 +148,7 @@ def test_a_model_without_a_tokenizer_refuses_stop_strings(tiny):
 
 # ------------------------------------------------------------ output processor
 
+
 def test_output_processor_asks_to_abort_what_it_finished(tiny):
     loaded, hf_ids = tiny
     tok = loaded.tokenizer
@@ -146,8 +157,9 @@ def test_output_processor_asks_to_abort_what_it_finished(tiny):
     params = SamplingParams(stop=[stop])
     proc.add_request("a", None, [1, 2], 0.0, params)
     proc.add_request("b", None, [1, 2], 0.0, SamplingParams())
-    out = proc.process_outputs(EngineCoreOutputs([EngineCoreOutput("a", hf_ids[:3]),
-                                                  EngineCoreOutput("b", [5])]))
+    out = proc.process_outputs(
+        EngineCoreOutputs([EngineCoreOutput("a", hf_ids[:3]), EngineCoreOutput("b", [5])])
+    )
     assert out.reqs_to_abort == ["a"]
     finished = {o.request_id: o.finished for o in out.request_outputs}
     assert finished == {"a": True, "b": False}

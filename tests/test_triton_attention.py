@@ -42,16 +42,27 @@ TOL = {  # dtype -> (atol, rtol); see the module docstring
 }
 DTYPES = list(TOL)
 DTYPE_IDS = [str(d).removeprefix("torch.") for d in DTYPES]
-HEAD_CONFIGS = st.tuples(st.sampled_from([1, 3, 4]),  # GQA ratio num_heads / num_kv_heads
-                         st.sampled_from([1, 2]),  # num_kv_heads
-                         st.sampled_from([16, 32, 64]),  # head_size
-                         st.sampled_from([4, 8, 16]))  # block_size
+HEAD_CONFIGS = st.tuples(
+    st.sampled_from([1, 3, 4]),  # GQA ratio num_heads / num_kv_heads
+    st.sampled_from([1, 2]),  # num_kv_heads
+    st.sampled_from([16, 32, 64]),  # head_size
+    st.sampled_from([4, 8, 16]),
+)  # block_size
 # Example counts keep the file near 30 s under the interpreter on 2 cores.
 SETTINGS = settings(max_examples=20, deadline=None)
 
 
-def make_batch(layout, num_heads, num_kv_heads, head_size, block_size, dtype,
-               device="cpu", seed=0, num_padding_tokens=0):
+def make_batch(
+    layout,
+    num_heads,
+    num_kv_heads,
+    head_size,
+    block_size,
+    dtype,
+    device="cpu",
+    seed=0,
+    num_padding_tokens=0,
+):
     """A step over requests ``layout = [(context_len, q_len), ...]``.
 
     Returns query, key, value (new tokens only), the KV cache holding each
@@ -67,27 +78,32 @@ def make_batch(layout, num_heads, num_kv_heads, head_size, block_size, dtype,
     slots, qsl, seq_lens = [], [0], []
     for i, (ctx, q_len) in enumerate(layout):
         ids = torch.tensor([free.pop() for _ in range(blocks_per_req[i])], dtype=torch.int32)
-        table[i, :len(ids)] = ids
+        table[i, : len(ids)] = ids
         pos = torch.arange(ctx + q_len)
         block, off = ids[pos // block_size].long(), pos % block_size
         # Positions before ctx were cached by earlier steps; the rest are this step's.
         cache[block[:ctx], :, off[:ctx]] = torch.randn(
-            ctx, 2, num_kv_heads, head_size, generator=gen).to(dtype)
+            ctx, 2, num_kv_heads, head_size, generator=gen
+        ).to(dtype)
         slots += (block[ctx:] * block_size + off[ctx:]).tolist()
         qsl.append(qsl[-1] + q_len)
         seq_lens.append(ctx + q_len)
     n = qsl[-1]
     slots += [-1] * num_padding_tokens  # padded tokens own no slot
     t = n + num_padding_tokens
-    q, k, v = (torch.randn(t, h, head_size, generator=gen).to(dtype)
-               for h in (num_heads, num_kv_heads, num_kv_heads))
+    q, k, v = (
+        torch.randn(t, h, head_size, generator=gen).to(dtype)
+        for h in (num_heads, num_kv_heads, num_kv_heads)
+    )
     md = AttentionMetadata(
-        num_actual_tokens=n, max_query_len=max(q for _, q in layout),
+        num_actual_tokens=n,
+        max_query_len=max(q for _, q in layout),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
         max_seq_len=max(seq_lens),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         block_table=table.to(device),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device))
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+    )
     return q.to(device), k.to(device), v.to(device), cache.to(device), md
 
 
@@ -103,15 +119,21 @@ def check_close(out, ref, dtype, counts=None):
 def reference(q, k, v, cache, md, num_heads, num_kv_heads, head_size):
     """Torch output, and the cache after the torch backend stored the step."""
     cache = cache.clone()
-    impl = TorchAttentionImpl(num_heads, head_size, head_size ** -0.5, num_kv_heads)
+    impl = TorchAttentionImpl(num_heads, head_size, head_size**-0.5, num_kv_heads)
     return impl.forward(q, k, v, cache, md), cache
 
 
 # -- the store kernel ----------------------------------------------------------
 
+
 @settings(max_examples=25, deadline=None)
-@given(data=st.data(), kv_heads=st.sampled_from([1, 3]), head_size=st.sampled_from([16, 24]),
-       block_size=st.sampled_from([4, 16]), cache_dtype=st.sampled_from(DTYPES))
+@given(
+    data=st.data(),
+    kv_heads=st.sampled_from([1, 3]),
+    head_size=st.sampled_from([16, 24]),
+    block_size=st.sampled_from([4, 16]),
+    cache_dtype=st.sampled_from(DTYPES),
+)
 def test_store_writes_exactly_its_slots(data, kv_heads, head_size, block_size, cache_dtype):
     num_blocks = 5
     num_slots = num_blocks * block_size
@@ -123,8 +145,11 @@ def test_store_writes_exactly_its_slots(data, kv_heads, head_size, block_size, c
     # stored into a cache of another dtype.
     kv = torch.randn(t, 2, kv_heads, head_size)
     key, value = kv[:, 0], kv[:, 1]
-    cache = torch.full(get_kv_cache_shape(num_blocks, block_size, kv_heads, head_size),
-                       float("nan"), dtype=cache_dtype)
+    cache = torch.full(
+        get_kv_cache_shape(num_blocks, block_size, kv_heads, head_size),
+        float("nan"),
+        dtype=cache_dtype,
+    )
     expected = cache.clone()
     for i, slot in enumerate(slot_mapping.tolist()):
         if slot >= 0:
@@ -142,23 +167,43 @@ DECODE_LAYOUT = st.lists(st.tuples(st.integers(0, 90), st.just(1)), min_size=1, 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @SETTINGS
-@given(layout=LAYOUT, heads=HEAD_CONFIGS, seed=st.integers(0, 2**16),
-       block_m=st.sampled_from([16, 32]), tile_n=st.sampled_from([16, 32]))
+@given(
+    layout=LAYOUT,
+    heads=HEAD_CONFIGS,
+    seed=st.integers(0, 2**16),
+    block_m=st.sampled_from([16, 32]),
+    tile_n=st.sampled_from([16, 32]),
+)
 def test_prefill_kernel_matches_reference(dtype, layout, heads, seed, block_m, tile_n, counts):
     ratio, kv_heads, head_size, block_size = heads
     h = ratio * kv_heads
     q, k, v, cache, md = make_batch(layout, h, kv_heads, head_size, block_size, dtype, seed=seed)
     ref, cache = reference(q, k, v, cache, md, h, kv_heads, head_size)
     out = torch.zeros_like(q)
-    prefill_attention(out, q, cache, md.block_table, md.seq_lens, md.query_start_loc,
-                      md.max_query_len, head_size ** -0.5, block_m=block_m, tile_n=tile_n)
+    prefill_attention(
+        out,
+        q,
+        cache,
+        md.block_table,
+        md.seq_lens,
+        md.query_start_loc,
+        md.max_query_len,
+        head_size**-0.5,
+        block_m=block_m,
+        tile_n=tile_n,
+    )
     check_close(out, ref, dtype, counts)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @SETTINGS
-@given(layout=DECODE_LAYOUT, heads=HEAD_CONFIGS, seed=st.integers(0, 2**16),
-       num_splits=st.integers(1, 6), tile_n=st.sampled_from([16, 32]))
+@given(
+    layout=DECODE_LAYOUT,
+    heads=HEAD_CONFIGS,
+    seed=st.integers(0, 2**16),
+    num_splits=st.integers(1, 6),
+    tile_n=st.sampled_from([16, 32]),
+)
 def test_decode_kernel_matches_reference(dtype, layout, heads, seed, num_splits, tile_n, counts):
     # Up to 91 keys in tiles of 16 or 32 over up to 6 splits: some splits
     # get nothing, and the merge must weigh them as zero.
@@ -167,8 +212,18 @@ def test_decode_kernel_matches_reference(dtype, layout, heads, seed, num_splits,
     q, k, v, cache, md = make_batch(layout, h, kv_heads, head_size, block_size, dtype, seed=seed)
     ref, cache = reference(q, k, v, cache, md, h, kv_heads, head_size)
     out = torch.zeros_like(q)
-    decode_attention(out, q, cache, md.block_table, md.seq_lens, md.query_start_loc,
-                     md.max_seq_len, head_size ** -0.5, num_splits=num_splits, tile_n=tile_n)
+    decode_attention(
+        out,
+        q,
+        cache,
+        md.block_table,
+        md.seq_lens,
+        md.query_start_loc,
+        md.max_seq_len,
+        head_size**-0.5,
+        num_splits=num_splits,
+        tile_n=tile_n,
+    )
     check_close(out, ref, dtype, counts)
 
 
@@ -179,18 +234,21 @@ DECODE = [(5, 1), (0, 1), (40, 1), (70, 1)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("ratio,head_size,block_size", [(1, 16, 4), (3, 32, 8), (4, 64, 16), (2, 24, 8)])
+@pytest.mark.parametrize(
+    "ratio,head_size,block_size", [(1, 16, 4), (3, 32, 8), (4, 64, 16), (2, 24, 8)]
+)
 @pytest.mark.parametrize("layout", [MIXED, DECODE], ids=["mixed", "decode"])
 def test_backend_matches_reference(dtype, ratio, head_size, block_size, layout, counts):
     kv_heads = 2
     h = ratio * kv_heads
-    q, k, v, cache, md = make_batch(layout, h, kv_heads, head_size, block_size, dtype,
-                                    seed=ratio, num_padding_tokens=2)
+    q, k, v, cache, md = make_batch(
+        layout, h, kv_heads, head_size, block_size, dtype, seed=ratio, num_padding_tokens=2
+    )
     ref, ref_cache = reference(q, k, v, cache, md, h, kv_heads, head_size)
-    out = TritonAttentionImpl(h, head_size, head_size ** -0.5, kv_heads).forward(q, k, v, cache, md)
+    out = TritonAttentionImpl(h, head_size, head_size**-0.5, kv_heads).forward(q, k, v, cache, md)
     # Same cache contents (padding tokens wrote nothing), rows past n are zero.
     torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0, equal_nan=True)
-    assert out.shape == q.shape and not out[md.num_actual_tokens:].any()
+    assert out.shape == q.shape and not out[md.num_actual_tokens :].any()
     check_close(out, ref, dtype, counts)
 
 
@@ -209,12 +267,12 @@ def test_backend_accepts_strided_query():
     h, kv_heads, d = 4, 2, 32
     q, k, v, cache, md = make_batch(MIXED, h, kv_heads, d, 8, torch.float32, seed=3)
     qkv = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
-    q2 = qkv[:, :h * d].view(-1, h, d)
-    k2 = qkv[:, h * d:(h + kv_heads) * d].view(-1, kv_heads, d)
-    v2 = qkv[:, (h + kv_heads) * d:].view(-1, kv_heads, d)
+    q2 = qkv[:, : h * d].view(-1, h, d)
+    k2 = qkv[:, h * d : (h + kv_heads) * d].view(-1, kv_heads, d)
+    v2 = qkv[:, (h + kv_heads) * d :].view(-1, kv_heads, d)
     assert not q2.is_contiguous()
     ref, _ = reference(q, k, v, cache, md, h, kv_heads, d)
-    out = TritonAttentionImpl(h, d, d ** -0.5, kv_heads).forward(q2, k2, v2, cache, md)
+    out = TritonAttentionImpl(h, d, d**-0.5, kv_heads).forward(q2, k2, v2, cache, md)
     check_close(out, ref, torch.float32)
 
 
@@ -224,25 +282,34 @@ def test_get_attn_backend_finds_triton():
 
 # -- compiled, on a GPU --------------------------------------------------------
 
+
 @pytest.mark.gpu
 class TestOnCuda:
     """The same comparisons compiled on CUDA, at sizes the interpreter cannot afford."""
 
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-    @pytest.mark.parametrize("ratio,kv_heads,head_size,block_size",
-                             [(1, 8, 64, 16), (4, 2, 128, 16), (8, 1, 128, 32), (3, 2, 80, 16)])
+    @pytest.mark.parametrize(
+        "ratio,kv_heads,head_size,block_size",
+        [(1, 8, 64, 16), (4, 2, 128, 16), (8, 1, 128, 32), (3, 2, 80, 16)],
+    )
     def test_backend(self, dtype, ratio, kv_heads, head_size, block_size, counts):
         gen = torch.Generator().manual_seed(ratio * 1000 + head_size)
         for trial in range(3):
-            mixed = [(int(torch.randint(0, 600, (1,), generator=gen)),
-                      int(torch.randint(1, 300, (1,), generator=gen))) for _ in range(6)]
+            mixed = [
+                (
+                    int(torch.randint(0, 600, (1,), generator=gen)),
+                    int(torch.randint(1, 300, (1,), generator=gen)),
+                )
+                for _ in range(6)
+            ]
             decode = [(int(torch.randint(0, 3000, (1,), generator=gen)), 1) for _ in range(16)]
             for layout in (mixed + decode, decode):
                 h = ratio * kv_heads
-                q, k, v, cache, md = make_batch(layout, h, kv_heads, head_size, block_size,
-                                                dtype, device="cuda", seed=trial)
+                q, k, v, cache, md = make_batch(
+                    layout, h, kv_heads, head_size, block_size, dtype, device="cuda", seed=trial
+                )
                 ref, ref_cache = reference(q, k, v, cache, md, h, kv_heads, head_size)
-                impl = TritonAttentionImpl(h, head_size, head_size ** -0.5, kv_heads)
+                impl = TritonAttentionImpl(h, head_size, head_size**-0.5, kv_heads)
                 out = impl.forward(q, k, v, cache, md)
                 torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0, equal_nan=True)
                 check_close(out, ref, dtype, counts)
@@ -254,6 +321,15 @@ class TestOnCuda:
         ref, cache = reference(q, k, v, cache, md, 32, 8, 128)
         for num_splits in (1, 4, 16):
             out = torch.zeros_like(q)
-            decode_attention(out, q, cache, md.block_table, md.seq_lens, md.query_start_loc,
-                             md.max_seq_len, 128 ** -0.5, num_splits=num_splits)
+            decode_attention(
+                out,
+                q,
+                cache,
+                md.block_table,
+                md.seq_lens,
+                md.query_start_loc,
+                md.max_seq_len,
+                128**-0.5,
+                num_splits=num_splits,
+            )
             check_close(out, ref, dtype, counts)

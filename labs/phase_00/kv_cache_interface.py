@@ -26,44 +26,60 @@ class FullAttentionSpec(_reference.FullAttentionSpec):
     def page_size_bytes(self) -> int:
         """Bytes of one block of ONE layer: keys and values of ``block_size`` tokens."""
         # HINT: a block holds a key AND a value vector per token, per KV head.
-        raise NotImplementedError('Lab 00.2: the KV-memory calculator (labs/phase_00/kv_cache_interface.py)')
+        raise NotImplementedError(
+            "Lab 00.2: the KV-memory calculator (labs/phase_00/kv_cache_interface.py)"
+        )
+
     # END LAB 00.2
 
     # BEGIN LAB 00.2
     def max_memory_usage_bytes(self, max_model_len: int) -> int:
         """Bytes of ONE layer's cache that a request of ``max_model_len`` tokens can use."""
         # HINT: memory is handed out in whole blocks.
-        raise NotImplementedError('Lab 00.2 (labs/phase_00/kv_cache_interface.py)')
+        raise NotImplementedError("Lab 00.2 (labs/phase_00/kv_cache_interface.py)")
+
     # END LAB 00.2
 
 
 # BEGIN LAB 00.2
-def get_num_blocks(num_layers: int, available_memory: int, page_size: int,
-                   num_gpu_blocks_override: int | None = None) -> int:
+def get_num_blocks(
+    num_layers: int,
+    available_memory: int,
+    page_size: int,
+    num_gpu_blocks_override: int | None = None,
+) -> int:
     """How many blocks ``available_memory`` bytes hold when every block spans
     ``num_layers`` layers of ``page_size`` bytes each (block 0, the null
     block, included); an override, when given, wins."""
     # HINT: upstream divides by the page size, then by the number of layers, rounding down.
-    raise NotImplementedError('Lab 00.2 (labs/phase_00/kv_cache_interface.py)')
+    raise NotImplementedError("Lab 00.2 (labs/phase_00/kv_cache_interface.py)")
+
+
 # END LAB 00.2
 
 
 # BEGIN LAB 00.2
-def get_max_concurrency_for_kv_cache_config(num_blocks: int, kv_cache_spec: FullAttentionSpec,
-                                            num_layers: int, max_model_len: int) -> float:
+def get_max_concurrency_for_kv_cache_config(
+    num_blocks: int, kv_cache_spec: FullAttentionSpec, num_layers: int, max_model_len: int
+) -> float:
     """Upstream's "Maximum concurrency for N tokens per request": ``num_blocks``
     divided by the blocks one ``max_model_len`` request needs (a float)."""
     # HINT: per request: num_layers layers, each max_memory_usage_bytes; per block:
     # HINT: num_layers pages. Round the blocks per request up; do not round the result.
-    raise NotImplementedError('Lab 00.2 (labs/phase_00/kv_cache_interface.py)')
+    raise NotImplementedError("Lab 00.2 (labs/phase_00/kv_cache_interface.py)")
+
+
 # END LAB 00.2
 
 
 # BEGIN LAB 00.2
-def num_requests_that_fit(num_blocks: int, kv_cache_spec: FullAttentionSpec,
-                          num_tokens: int) -> int:
+def num_requests_that_fit(
+    num_blocks: int, kv_cache_spec: FullAttentionSpec, num_tokens: int
+) -> int:
     """How many requests of ``num_tokens`` tokens each the KV cache holds at
     once: what the scheduler actually runs side by side when memory binds."""
     # HINT: block 0 is the null block: the block pool never hands it out.
-    raise NotImplementedError('Lab 00.2 (labs/phase_00/kv_cache_interface.py)')
+    raise NotImplementedError("Lab 00.2 (labs/phase_00/kv_cache_interface.py)")
+
+
 # END LAB 00.2

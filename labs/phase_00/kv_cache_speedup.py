@@ -18,22 +18,28 @@ from mini_vllm.benchmarks.kv_cache_speedup import RESULTS, PagedModel, _median_m
 
 
 # BEGIN LAB 00.1: greedy decoding with and without the KV cache
-def greedy_without_cache(model: PagedModel, prompt_token_ids: list[int],
-                         max_tokens: int) -> list[int]:
+def greedy_without_cache(
+    model: PagedModel, prompt_token_ids: list[int], max_tokens: int
+) -> list[int]:
     """The ``max_tokens`` tokens greedy decoding picks after the prompt,
     recomputing the whole sequence at every step (no KV cache reuse)."""
     # HINT: each step: model.reset(), then feed every token so far from position 0.
     # HINT: greedy = the index of the largest logit (int(logits.argmax())).
-    raise NotImplementedError('Lab 00.1: greedy decoding with and without the KV cache (labs/phase_00/kv_cache_speedup.py)')
+    raise NotImplementedError(
+        "Lab 00.1: greedy decoding with and without the KV cache (labs/phase_00/kv_cache_speedup.py)"
+    )
+
+
 # END LAB 00.1
 
 
 # BEGIN LAB 00.1
-def greedy_with_cache(model: PagedModel, prompt_token_ids: list[int],
-                      max_tokens: int) -> list[int]:
+def greedy_with_cache(model: PagedModel, prompt_token_ids: list[int], max_tokens: int) -> list[int]:
     """The same tokens, computing each position once: prefill the prompt,
     then feed only the newest token at each step."""
     # HINT: reset once, prefill the prompt, then feed [token] at its position.
     # HINT: the last sampled token never needs to be fed.
-    raise NotImplementedError('Lab 00.1 (labs/phase_00/kv_cache_speedup.py)')
+    raise NotImplementedError("Lab 00.1 (labs/phase_00/kv_cache_speedup.py)")
+
+
 # END LAB 00.1

@@ -34,5 +34,6 @@ class EngineCore(_reference.EngineCore):
         """
         # HINT: self.scheduler has has_requests(), schedule(), update_from_output();
         # HINT: self.model_runner.execute_model(scheduler_output) runs the model and samples.
-        raise NotImplementedError('Lab 01.2 (labs/phase_01/core.py)')
+        raise NotImplementedError("Lab 01.2 (labs/phase_01/core.py)")
+
     # END LAB 01.2

@@ -33,13 +33,17 @@ class IncrementalDetokenizer(_reference.IncrementalDetokenizer):
         # HINT: search only text made by these tokens, and none made while
         # HINT: num_output_tokens() <= min_tokens.
         # HINT: check_stop_strings says which string and where to cut (-1: nowhere).
-        raise NotImplementedError('Lab 01.3: detokenize the new tokens, then look for a stop string (labs/phase_01/detokenizer.py)')
+        raise NotImplementedError(
+            "Lab 01.3: detokenize the new tokens, then look for a stop string (labs/phase_01/detokenizer.py)"
+        )
+
     # END LAB 01.3
 
 
 # BEGIN LAB 01.3
-def check_stop_strings(output_text: str, new_char_count: int, stop: list[str],
-                       include_in_output: bool) -> tuple[str, int] | None:
+def check_stop_strings(
+    output_text: str, new_char_count: int, stop: list[str], include_in_output: bool
+) -> tuple[str, int] | None:
     """The first stop string (in ``stop``'s order) found in the last
     ``new_char_count`` characters of ``output_text``, or in text that ends
     there, as ``(stop_string, truncate_to)``; None if none.
@@ -51,5 +55,7 @@ def check_stop_strings(output_text: str, new_char_count: int, stop: list[str],
     # HINT: nothing new (new_char_count == 0) or no stop strings: None.
     # HINT: a stop string of length L can start up to L - 1 characters before
     # HINT: the new text: str.find(s, start) accepts a negative start.
-    raise NotImplementedError('Lab 01.3 (labs/phase_01/detokenizer.py)')
+    raise NotImplementedError("Lab 01.3 (labs/phase_01/detokenizer.py)")
+
+
 # END LAB 01.3

@@ -34,5 +34,8 @@ class LLMEngine(_reference.LLMEngine):
         # HINT: upstream's four steps (llm_engine.py:287): get the core's outputs,
         # HINT: process them, abort processed.reqs_to_abort, record the stats
         # HINT: (self.record_stats(outputs.scheduler_stats)).
-        raise NotImplementedError('Lab 01.2: one front-end step: core outputs in, RequestOutputs out, stop strings aborted (labs/phase_01/llm_engine.py)')
+        raise NotImplementedError(
+            "Lab 01.2: one front-end step: core outputs in, RequestOutputs out, stop strings aborted (labs/phase_01/llm_engine.py)"
+        )
+
     # END LAB 01.2

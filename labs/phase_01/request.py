@@ -31,32 +31,39 @@ class Request(_reference.Request):
         """
         # HINT: two lists grow (self._output_token_ids, self._all_token_ids);
         # HINT: then self.update_block_hashes().
-        raise NotImplementedError("Lab 01.1: a request's token bookkeeping and its finished state (labs/phase_01/request.py)")
+        raise NotImplementedError(
+            "Lab 01.1: a request's token bookkeeping and its finished state (labs/phase_01/request.py)"
+        )
+
     # END LAB 01.1
 
     # BEGIN LAB 01.1
     @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
-        raise NotImplementedError('Lab 01.1 (labs/phase_01/request.py)')
+        raise NotImplementedError("Lab 01.1 (labs/phase_01/request.py)")
+
     # END LAB 01.1
 
     # BEGIN LAB 01.1
     @property
     def num_output_tokens(self) -> int:
         """Tokens sampled so far (a resumed request keeps its earlier ones)."""
-        raise NotImplementedError('Lab 01.1 (labs/phase_01/request.py)')
+        raise NotImplementedError("Lab 01.1 (labs/phase_01/request.py)")
+
     # END LAB 01.1
 
     # BEGIN LAB 01.1
     def is_finished(self) -> bool:
         """Whether the request's status is one of the FINISHED_* statuses."""
         # HINT: RequestStatus has a staticmethod for this (the enum order is the logic).
-        raise NotImplementedError('Lab 01.1 (labs/phase_01/request.py)')
+        raise NotImplementedError("Lab 01.1 (labs/phase_01/request.py)")
+
     # END LAB 01.1
 
     # BEGIN LAB 01.1
     def get_finished_reason(self) -> FinishReason | None:
         """STOP, LENGTH or ABORT for a finished request; None for a live one."""
-        raise NotImplementedError('Lab 01.1 (labs/phase_01/request.py)')
+        raise NotImplementedError("Lab 01.1 (labs/phase_01/request.py)")
+
     # END LAB 01.1

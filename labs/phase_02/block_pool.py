@@ -36,7 +36,9 @@ class BlockPool(_reference.BlockPool):
         # BEGIN LAB 02.2: the block pool: reserve the null block (block 0)
         # HINT: block 0 is a placeholder that is never handed out, freed or cached:
         # HINT: take it out of the free queue for good and mark it (is_null).
-        raise NotImplementedError('Lab 02.2: the block pool: reserve the null block (block 0) (labs/phase_02/block_pool.py)')
+        raise NotImplementedError(
+            "Lab 02.2: the block pool: reserve the null block (block 0) (labs/phase_02/block_pool.py)"
+        )
         # END LAB 02.2
 
     # BEGIN LAB 02.3: prefix cache: look a block hash up
@@ -47,7 +49,10 @@ class BlockPool(_reference.BlockPool):
         prefix), return the one cached first.
         """
         # HINT: a plain dict keeps insertion order.
-        raise NotImplementedError('Lab 02.3: prefix cache: look a block hash up (labs/phase_02/block_pool.py)')
+        raise NotImplementedError(
+            "Lab 02.3: prefix cache: look a block hash up (labs/phase_02/block_pool.py)"
+        )
+
     # END LAB 02.3
 
     # BEGIN LAB 02.3: register newly full blocks in the prefix cache
@@ -67,7 +72,10 @@ class BlockPool(_reference.BlockPool):
         block is never cached. Blocks with equal hashes are all kept.
         """
         # HINT: the blocks before num_cached_blocks were registered by an earlier call.
-        raise NotImplementedError('Lab 02.3: register newly full blocks in the prefix cache (labs/phase_02/block_pool.py)')
+        raise NotImplementedError(
+            "Lab 02.3: register newly full blocks in the prefix cache (labs/phase_02/block_pool.py)"
+        )
+
     # END LAB 02.3
 
     # BEGIN LAB 02.2: allocate blocks from the front of the free queue
@@ -81,7 +89,10 @@ class BlockPool(_reference.BlockPool):
         """
         # HINT: one popleft_n; then, for each block, evict it if caching is on, and
         # HINT: take the first reference.
-        raise NotImplementedError('Lab 02.2: allocate blocks from the front of the free queue (labs/phase_02/block_pool.py)')
+        raise NotImplementedError(
+            "Lab 02.2: allocate blocks from the front of the free queue (labs/phase_02/block_pool.py)"
+        )
+
     # END LAB 02.2
 
     # BEGIN LAB 02.2: evict a block from the prefix cache
@@ -93,7 +104,10 @@ class BlockPool(_reference.BlockPool):
         is empty, and clears the block's hash.
         """
         # HINT: block.block_hash is None for a block that was never cached.
-        raise NotImplementedError('Lab 02.2: evict a block from the prefix cache (labs/phase_02/block_pool.py)')
+        raise NotImplementedError(
+            "Lab 02.2: evict a block from the prefix cache (labs/phase_02/block_pool.py)"
+        )
+
     # END LAB 02.2
 
     # BEGIN LAB 02.2: take a reference on blocks another request cached
@@ -105,7 +119,10 @@ class BlockPool(_reference.BlockPool):
         block is never in the queue.
         """
         # HINT: FreeKVCacheBlockQueue.remove unlinks a block from the middle in O(1).
-        raise NotImplementedError('Lab 02.2: take a reference on blocks another request cached (labs/phase_02/block_pool.py)')
+        raise NotImplementedError(
+            "Lab 02.2: take a reference on blocks another request cached (labs/phase_02/block_pool.py)"
+        )
+
     # END LAB 02.2
 
     # BEGIN LAB 02.2: release blocks, keeping their eviction order
@@ -119,5 +136,8 @@ class BlockPool(_reference.BlockPool):
         """
         # HINT: ordered_blocks may be a one-shot iterator (reversed(...)): make a list.
         # HINT: one append_n for the blocks that reached zero, in the order given.
-        raise NotImplementedError('Lab 02.2: release blocks, keeping their eviction order (labs/phase_02/block_pool.py)')
+        raise NotImplementedError(
+            "Lab 02.2: release blocks, keeping their eviction order (labs/phase_02/block_pool.py)"
+        )
+
     # END LAB 02.2

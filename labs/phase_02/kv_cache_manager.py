@@ -40,7 +40,10 @@ class KVCacheManager(_reference.KVCacheManager):
         """
         # HINT: walk request.block_hashes in order and stop at the first miss: a hash
         # HINT: chains every block before it, so nothing after a miss can hit.
-        raise NotImplementedError('Lab 02.3: prefix cache: the longest cached prefix of a request (labs/phase_02/kv_cache_manager.py)')
+        raise NotImplementedError(
+            "Lab 02.3: prefix cache: the longest cached prefix of a request (labs/phase_02/kv_cache_manager.py)"
+        )
+
     # END LAB 02.3
 
     # BEGIN LAB 02.4: allocate_slots: how many free blocks a request needs
@@ -56,7 +59,10 @@ class KVCacheManager(_reference.KVCacheManager):
         costs free capacity as well.
         """
         # HINT: cdiv(num_tokens, self.block_size) blocks in all; never a negative count.
-        raise NotImplementedError('Lab 02.4: allocate_slots: how many free blocks a request needs (labs/phase_02/kv_cache_manager.py)')
+        raise NotImplementedError(
+            "Lab 02.4: allocate_slots: how many free blocks a request needs (labs/phase_02/kv_cache_manager.py)"
+        )
+
     # END LAB 02.4
 
     # BEGIN LAB 02.4: give a request slots for its next tokens, or None
@@ -89,7 +95,10 @@ class KVCacheManager(_reference.KVCacheManager):
         """
         # HINT: the slots needed cover computed + hit + new (+ lookahead) tokens, capped
         # HINT: at max_model_len. Check every way to fail BEFORE changing anything.
-        raise NotImplementedError('Lab 02.4: give a request slots for its next tokens, or None (labs/phase_02/kv_cache_manager.py)')
+        raise NotImplementedError(
+            "Lab 02.4: give a request slots for its next tokens, or None (labs/phase_02/kv_cache_manager.py)"
+        )
+
     # END LAB 02.4
 
     # BEGIN LAB 02.3: cache the request's blocks that are full
@@ -101,7 +110,10 @@ class KVCacheManager(_reference.KVCacheManager):
         up to the last full one are handed to ``BlockPool.cache_full_blocks``.
         """
         # HINT: a block is full when all block_size of its tokens are computed.
-        raise NotImplementedError("Lab 02.3: cache the request's blocks that are full (labs/phase_02/kv_cache_manager.py)")
+        raise NotImplementedError(
+            "Lab 02.3: cache the request's blocks that are full (labs/phase_02/kv_cache_manager.py)"
+        )
+
     # END LAB 02.3
 
     # BEGIN LAB 02.4: release a request's blocks, tail first
@@ -114,5 +126,8 @@ class KVCacheManager(_reference.KVCacheManager):
         """
         # HINT: BlockPool.free_blocks puts blocks that reach zero at the back of the
         # HINT: free queue in the order given: the first one given is evicted first.
-        raise NotImplementedError("Lab 02.4: release a request's blocks, tail first (labs/phase_02/kv_cache_manager.py)")
+        raise NotImplementedError(
+            "Lab 02.4: release a request's blocks, tail first (labs/phase_02/kv_cache_manager.py)"
+        )
+
     # END LAB 02.4

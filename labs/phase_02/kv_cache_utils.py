@@ -34,7 +34,10 @@ class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):
         """
         # HINT: the front block is fake_free_list_head.next_free_block; the queue is
         # HINT: empty when that is the fake tail. Unlinking a block is remove()'s job.
-        raise NotImplementedError('Lab 02.1: the free-block queue: a doubly linked list in eviction order (labs/phase_02/kv_cache_utils.py)')
+        raise NotImplementedError(
+            "Lab 02.1: the free-block queue: a doubly linked list in eviction order (labs/phase_02/kv_cache_utils.py)"
+        )
+
     # END LAB 02.1
 
     # BEGIN LAB 02.1: pop n blocks at once
@@ -47,7 +50,10 @@ class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):
         """
         # HINT: walk n blocks from the head, clearing each one's links as you go,
         # HINT: then join the fake head to the first block you did not take.
-        raise NotImplementedError('Lab 02.1: pop n blocks at once (labs/phase_02/kv_cache_utils.py)')
+        raise NotImplementedError(
+            "Lab 02.1: pop n blocks at once (labs/phase_02/kv_cache_utils.py)"
+        )
+
     # END LAB 02.1
 
     # BEGIN LAB 02.1: remove a block from the middle in O(1)
@@ -59,13 +65,19 @@ class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):
         ``None``) raises ``RuntimeError`` and changes nothing.
         """
         # HINT: join the block's two neighbours to each other, then clear its links.
-        raise NotImplementedError('Lab 02.1: remove a block from the middle in O(1) (labs/phase_02/kv_cache_utils.py)')
+        raise NotImplementedError(
+            "Lab 02.1: remove a block from the middle in O(1) (labs/phase_02/kv_cache_utils.py)"
+        )
+
     # END LAB 02.1
 
     # BEGIN LAB 02.1: append one block at the back
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the back of the queue (the last to be evicted)."""
-        raise NotImplementedError('Lab 02.1: append one block at the back (labs/phase_02/kv_cache_utils.py)')
+        raise NotImplementedError(
+            "Lab 02.1: append one block at the back (labs/phase_02/kv_cache_utils.py)"
+        )
+
     # END LAB 02.1
 
     # BEGIN LAB 02.1: append blocks at the back, in order
@@ -74,7 +86,10 @@ class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):
         ``blocks[0]`` will be evicted before ``blocks[1]``, and all of them
         after every block already in the queue."""
         # HINT: the current last block is fake_free_list_tail.prev_free_block.
-        raise NotImplementedError('Lab 02.1: append blocks at the back, in order (labs/phase_02/kv_cache_utils.py)')
+        raise NotImplementedError(
+            "Lab 02.1: append blocks at the back, in order (labs/phase_02/kv_cache_utils.py)"
+        )
+
     # END LAB 02.1
 
 
@@ -93,7 +108,11 @@ def hash_block_tokens(
     bytes equal upstream's (run with ``PYTHONHASHSEED=0``).
     """
     # HINT: a tuple, not a list: sha256() pickles the key, and the two pickle differently.
-    raise NotImplementedError("Lab 02.3: prefix cache: hash one full block, chained on its parent's hash (labs/phase_02/kv_cache_utils.py)")
+    raise NotImplementedError(
+        "Lab 02.3: prefix cache: hash one full block, chained on its parent's hash (labs/phase_02/kv_cache_utils.py)"
+    )
+
+
 # END LAB 02.3
 
 
@@ -107,7 +126,9 @@ def get_request_block_hasher(
         # HINT: request.block_hashes already holds one hash per block hashed before;
         # HINT: hash only whole blocks of request.all_token_ids after those, each
         # HINT: chained on the previous one (the last known hash, or None at the start).
-        raise NotImplementedError('Lab 02.3: hash the blocks that became full since the last call (labs/phase_02/kv_cache_utils.py)')
+        raise NotImplementedError(
+            "Lab 02.3: hash the blocks that became full since the last call (labs/phase_02/kv_cache_utils.py)"
+        )
         # END LAB 02.3
 
     return request_block_hasher

@@ -47,7 +47,10 @@ class Scheduler(_reference.Scheduler):
         # HINT: apply the caps in this order; a threshold of 0 means "no threshold".
         # HINT: the model-length cap only binds upstream with speculative tokens (a
         # HINT: running request here is never more than one token behind it); keep it.
-        raise NotImplementedError("Lab 03.1: cap a running request's new tokens (threshold, budget, model length) (labs/phase_03/scheduler.py)")
+        raise NotImplementedError(
+            "Lab 03.1: cap a running request's new tokens (threshold, budget, model length) (labs/phase_03/scheduler.py)"
+        )
+
     # END LAB 03.1
 
     def schedule(self) -> SchedulerOutput:
@@ -80,13 +83,17 @@ class Scheduler(_reference.Scheduler):
             # HINT: FCFS victim: the tail of self.running. PRIORITY victim: the largest
             # HINT: (priority, arrival_time); if it was already scheduled this step, undo that.
             # HINT: if the victim is `request` itself, give up on it (new_blocks stays None).
-            raise NotImplementedError('Lab 03.3: allocate_slots -> None -> preempt a victim -> retry (labs/phase_03/scheduler.py)')
+            raise NotImplementedError(
+                "Lab 03.3: allocate_slots -> None -> preempt a victim -> retry (labs/phase_03/scheduler.py)"
+            )
             # END LAB 03.3
 
             # BEGIN LAB 03.1: schedule the running request and charge the budget
             # HINT: four records: the list of scheduled running requests, its new blocks,
             # HINT: its token count; then charge the budget and move to the next request.
-            raise NotImplementedError('Lab 03.1: schedule the running request and charge the budget (labs/phase_03/scheduler.py)')
+            raise NotImplementedError(
+                "Lab 03.1: schedule the running request and charge the budget (labs/phase_03/scheduler.py)"
+            )
             # END LAB 03.1
 
         # Phase 2: admit WAITING requests in queue order while three gates
@@ -96,21 +103,27 @@ class Scheduler(_reference.Scheduler):
             # BEGIN LAB 03.1: the three admission gates
             # HINT: no admissions in a step that preempted (memory pressure: admitting
             # HINT: would only thrash); none without budget; none past max_num_seqs.
-            raise NotImplementedError('Lab 03.1: the three admission gates (labs/phase_03/scheduler.py)')
+            raise NotImplementedError(
+                "Lab 03.1: the three admission gates (labs/phase_03/scheduler.py)"
+            )
             # END LAB 03.1
             request = self.waiting.peek_request()
 
             # BEGIN LAB 03.6: prefix caching: start from the longest cached prefix
             # HINT: the KV cache manager knows which full blocks of this request are
             # HINT: cached; their tokens count as computed and cost no budget.
-            raise NotImplementedError('Lab 03.6: prefix caching: start from the longest cached prefix (labs/phase_03/scheduler.py)')
+            raise NotImplementedError(
+                "Lab 03.6: prefix caching: start from the longest cached prefix (labs/phase_03/scheduler.py)"
+            )
             # END LAB 03.6
 
             # BEGIN LAB 03.2: how many of a waiting request's tokens to prefill now
             # HINT: num_tokens, not num_prompt_tokens: a resumed request recomputes its
             # HINT: outputs too. Then the threshold, then the budget; without chunked
             # HINT: prefill a prompt that does not fit whole must wait (stop admitting).
-            raise NotImplementedError("Lab 03.2: how many of a waiting request's tokens to prefill now (labs/phase_03/scheduler.py)")
+            raise NotImplementedError(
+                "Lab 03.2: how many of a waiting request's tokens to prefill now (labs/phase_03/scheduler.py)"
+            )
             # END LAB 03.2
 
             new_blocks = self.kv_cache_manager.allocate_slots(
@@ -127,12 +140,16 @@ class Scheduler(_reference.Scheduler):
             self.running.append(request)
             # BEGIN LAB 03.4: a first-time request or a resumed one?
             # HINT: the status says which; the two go to different parts of SchedulerOutput.
-            raise NotImplementedError('Lab 03.4: a first-time request or a resumed one? (labs/phase_03/scheduler.py)')
+            raise NotImplementedError(
+                "Lab 03.4: a first-time request or a resumed one? (labs/phase_03/scheduler.py)"
+            )
             # END LAB 03.4
             # BEGIN LAB 03.1: admit the request and charge the budget
             # HINT: record its blocks (all of them: get_blocks) and its tokens, charge
             # HINT: the budget, mark it RUNNING, and set where its computation starts.
-            raise NotImplementedError('Lab 03.1: admit the request and charge the budget (labs/phase_03/scheduler.py)')
+            raise NotImplementedError(
+                "Lab 03.1: admit the request and charge the budget (labs/phase_03/scheduler.py)"
+            )
             # END LAB 03.1
 
         total_num_scheduled_tokens = sum(num_scheduled_tokens.values())
@@ -185,7 +202,10 @@ class Scheduler(_reference.Scheduler):
         # HINT: one entry per request in running_reqs + resumed_reqs (that order).
         # HINT: "seen last step" is self.prev_step_scheduled_req_ids.
         # HINT: new block ids: req_to_new_blocks[req_id].get_block_ids(allow_none=True).
-        raise NotImplementedError('Lab 03.4: running and resumed requests as deltas (CachedRequestData) (labs/phase_03/scheduler.py)')
+        raise NotImplementedError(
+            "Lab 03.4: running and resumed requests as deltas (CachedRequestData) (labs/phase_03/scheduler.py)"
+        )
+
     # END LAB 03.4
 
     # BEGIN LAB 03.3: preempt one request (recompute, not swap)
@@ -199,7 +219,10 @@ class Scheduler(_reference.Scheduler):
         """
         # HINT: free its KV blocks; PREEMPTED; nothing computed any more; count the
         # HINT: preemption; and put it at the FRONT of the waiting queue.
-        raise NotImplementedError('Lab 03.3: preempt one request (recompute, not swap) (labs/phase_03/scheduler.py)')
+        raise NotImplementedError(
+            "Lab 03.3: preempt one request (recompute, not swap) (labs/phase_03/scheduler.py)"
+        )
+
     # END LAB 03.3
 
     # BEGIN LAB 03.2: advance num_computed_tokens when the step is scheduled
@@ -210,7 +233,10 @@ class Scheduler(_reference.Scheduler):
         # HINT: every scheduled request moves forward by its scheduled tokens; it is
         # HINT: still a prefill chunk while computed < num_tokens. Then start a new
         # HINT: finished_req_ids set (the output holds on to the old one).
-        raise NotImplementedError('Lab 03.2: advance num_computed_tokens when the step is scheduled (labs/phase_03/scheduler.py)')
+        raise NotImplementedError(
+            "Lab 03.2: advance num_computed_tokens when the step is scheduled (labs/phase_03/scheduler.py)"
+        )
+
     # END LAB 03.2
 
     def update_from_output(
@@ -234,7 +260,9 @@ class Scheduler(_reference.Scheduler):
                 new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
             # BEGIN LAB 03.5: a stopped request is finished and freed at once
             # HINT: read its finish reason, free it, and remember to drop it from running.
-            raise NotImplementedError('Lab 03.5: a stopped request is finished and freed at once (labs/phase_03/scheduler.py)')
+            raise NotImplementedError(
+                "Lab 03.5: a stopped request is finished and freed at once (labs/phase_03/scheduler.py)"
+            )
             # END LAB 03.5
 
             if new_token_ids or stopped:
@@ -253,7 +281,9 @@ class Scheduler(_reference.Scheduler):
 
         # BEGIN LAB 03.5: drop the stopped requests from running
         # HINT: remove_all returns the new list; keep running's order.
-        raise NotImplementedError('Lab 03.5: drop the stopped requests from running (labs/phase_03/scheduler.py)')
+        raise NotImplementedError(
+            "Lab 03.5: drop the stopped requests from running (labs/phase_03/scheduler.py)"
+        )
         # END LAB 03.5
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
 
@@ -267,5 +297,8 @@ class Scheduler(_reference.Scheduler):
         whether the request stopped.
         """
         # HINT: request.append_output_token_ids, then check_stop(request, self.max_model_len).
-        raise NotImplementedError('Lab 03.5: append sampled tokens one by one, stop at the first that ends it (labs/phase_03/scheduler.py)')
+        raise NotImplementedError(
+            "Lab 03.5: append sampled tokens one by one, stop at the first that ends it (labs/phase_03/scheduler.py)"
+        )
+
     # END LAB 03.5

@@ -29,5 +29,9 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     """
     # HINT: the request's sampling_params has min_tokens, eos_token_id, stop_token_ids;
     # HINT: request.max_tokens, request.num_tokens, request.num_output_tokens.
-    raise NotImplementedError("Lab 03.5: the stop conditions, in upstream's order (labs/phase_03/utils.py)")
+    raise NotImplementedError(
+        "Lab 03.5: the stop conditions, in upstream's order (labs/phase_03/utils.py)"
+    )
+
+
 # END LAB 03.5

@@ -33,5 +33,9 @@ def merge_attn_states(
     # HINT: subtract the larger lse before exp (no overflow), then
     # HINT: out = p_se / (p_se + s_se) * prefix + s_se / (p_se + s_se) * suffix.
     # HINT: the LSEs are [heads, tokens] while outputs are [tokens, heads, dim].
-    raise NotImplementedError('Lab 04.1: merge two partial attention results (online softmax) (labs/phase_04/merge_attn_states.py)')
+    raise NotImplementedError(
+        "Lab 04.1: merge two partial attention results (online softmax) (labs/phase_04/merge_attn_states.py)"
+    )
+
+
 # END LAB 04.1

@@ -23,8 +23,9 @@ from mini_vllm.attention.backends import torch_attn as _reference
 class TorchAttentionImpl(_reference.TorchAttentionImpl):
     """The reference ``TorchAttentionImpl`` with its Phase 04 lab methods re-opened."""
 
-    def forward(self, query, key, value, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, query, key, value, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
         n = attn_metadata.num_actual_tokens
         block_size = kv_cache.shape[2]
         slot_mapping = attn_metadata.slot_mapping[:n]
@@ -32,7 +33,9 @@ class TorchAttentionImpl(_reference.TorchAttentionImpl):
         # BEGIN LAB 04.2: reshape_and_cache and the paged gather, in torch
         # HINT: slot s is offset s % block_size of block s // block_size;
         # HINT: kv_cache[block, 0, offset] holds a key, kv_cache[block, 1, offset] its value.
-        raise NotImplementedError('Lab 04.2: reshape_and_cache and the paged gather, in torch (labs/phase_04/torch_attn.py)')
+        raise NotImplementedError(
+            "Lab 04.2: reshape_and_cache and the paged gather, in torch (labs/phase_04/torch_attn.py)"
+        )
         # END LAB 04.2
 
         # 2. Attend, request by request: the query rows are the last q_len
@@ -43,17 +46,21 @@ class TorchAttentionImpl(_reference.TorchAttentionImpl):
         seq_lens = attn_metadata.seq_lens.tolist()
         group = self.num_heads // self.num_kv_heads
         for i, seq_len in enumerate(seq_lens):
-            q = query[starts[i]:starts[i + 1]].float().transpose(0, 1)  # [H, q_len, D]
+            q = query[starts[i] : starts[i + 1]].float().transpose(0, 1)  # [H, q_len, D]
             q_len = q.shape[1]
             # BEGIN LAB 04.2
             # HINT: k, v: [seq_len, num_heads, head_size], key position j of this
             # HINT: request = offset j % block_size of block block_table[i, j // block_size].
             # HINT: GQA: query head h reads KV head h // group (repeat_interleave, not repeat).
             # HINT: mask: [q_len, seq_len] bool, True where key position <= query position.
-            raise NotImplementedError('Lab 04.2 (labs/phase_04/torch_attn.py)')
+            raise NotImplementedError("Lab 04.2 (labs/phase_04/torch_attn.py)")
             # END LAB 04.2
             o = F.scaled_dot_product_attention(
-                q, k.float().transpose(0, 1), v.float().transpose(0, 1),
-                attn_mask=mask, scale=self.scale)
-            out[starts[i]:starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
+                q,
+                k.float().transpose(0, 1),
+                v.float().transpose(0, 1),
+                attn_mask=mask,
+                scale=self.scale,
+            )
+            out[starts[i] : starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
         return out

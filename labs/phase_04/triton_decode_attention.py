@@ -21,9 +21,18 @@ from mini_vllm.attention.ops.triton_decode_attention import _decode_split_kernel
 
 @triton.jit
 def _decode_merge_kernel(
-    out_ptr, query_start_loc_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-    num_heads, num_splits, out_stride_tok, out_stride_head,
-    SPLITS_PAD: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr,
+    out_ptr,
+    query_start_loc_ptr,
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    num_heads,
+    num_splits,
+    out_stride_tok,
+    out_stride_head,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
 ):
     # One program per (request, query head): merge its num_splits partials.
     req = tl.program_id(0)
@@ -35,8 +44,11 @@ def _decode_merge_kernel(
     row = (req * num_heads + head).to(tl.int64) * num_splits + splits
     m = tl.load(part_max_ptr + row, mask=split_ok, other=float("-inf"))
     l = tl.load(part_sum_ptr + row, mask=split_ok, other=0.0)
-    acc = tl.load(part_acc_ptr + row[:, None] * HEAD_SIZE + dims[None, :],
-                  mask=split_ok[:, None] & dim_ok[None, :], other=0.0)
+    acc = tl.load(
+        part_acc_ptr + row[:, None] * HEAD_SIZE + dims[None, :],
+        mask=split_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
 
     # BEGIN LAB 04.3: the split-KV merge (stage 2) in Triton
     # HINT: split s holds m_s (its max score), l_s = sum exp(score - m_s) and
@@ -44,9 +56,14 @@ def _decode_merge_kernel(
     # HINT: hold m = -inf, l = 0, acc = 0. Shapes: m, l [SPLITS_PAD]; acc [SPLITS_PAD, HEAD_PAD].
     # HINT: produce out [HEAD_PAD] (float32) = softmax over ALL the keys, times V.
     # HINT: tl.max(x, axis=0), tl.sum(x, axis=0), tl.exp; broadcast with w[:, None].
-    raise NotImplementedError('Lab 04.3: the split-KV merge (stage 2) in Triton (labs/phase_04/triton_decode_attention.py)')
+    raise NotImplementedError(
+        "Lab 04.3: the split-KV merge (stage 2) in Triton (labs/phase_04/triton_decode_attention.py)"
+    )
     # END LAB 04.3
 
     tok = tl.load(query_start_loc_ptr + req).to(tl.int64)
-    tl.store(out_ptr + tok * out_stride_tok + head * out_stride_head + dims,
-             out.to(out_ptr.dtype.element_ty), mask=dim_ok)
+    tl.store(
+        out_ptr + tok * out_stride_tok + head * out_stride_head + dims,
+        out.to(out_ptr.dtype.element_ty),
+        mask=dim_ok,
+    )

@@ -45,19 +45,20 @@ class AttentionMetadata:
         return self.seq_lens.shape[0]
 
 
-def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                       head_size: int) -> tuple[int, ...]:
+def get_kv_cache_shape(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+) -> tuple[int, ...]:
     return (num_blocks, 2, block_size, num_kv_heads, head_size)
 
 
 class AttentionImpl:
     """One backend's attention computation; subclasses implement ``forward``."""
 
-    def __init__(self, num_heads: int, head_size: int, scale: float,
-                 num_kv_heads: int) -> None:
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(
-                f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+                f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}"
+            )
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
@@ -79,8 +80,10 @@ def get_attn_backend(name: str) -> type[AttentionImpl]:
     """'torch' (the reference) or 'triton'."""
     if name == "torch":
         from mini_vllm.attention.backends.torch_attn import TorchAttentionImpl
+
         return TorchAttentionImpl
     if name == "triton":
         from mini_vllm.attention.backends.triton_attn import TritonAttentionImpl
+
         return TritonAttentionImpl
     raise ValueError(f"Unknown attention backend {name!r}: use 'torch' or 'triton'.")

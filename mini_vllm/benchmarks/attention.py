@@ -40,9 +40,17 @@ from mini_vllm.attention.ops.triton_decode_attention import decode_attention  # 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def decode_batch(num_reqs: int, context_len: int, num_heads: int = 8, num_kv_heads: int = 2,
-                 head_size: int = 64, block_size: int = 16, dtype=torch.float32,
-                 device: str = "cpu", seed: int = 0):
+def decode_batch(
+    num_reqs: int,
+    context_len: int,
+    num_heads: int = 8,
+    num_kv_heads: int = 2,
+    head_size: int = 64,
+    block_size: int = 16,
+    dtype=torch.float32,
+    device: str = "cpu",
+    seed: int = 0,
+):
     """query [num_reqs, H, D], the filled cache, metadata, and the unpaged K/V
     ([num_reqs, context_len, H_kv, D]) for the oracle. Each request's query
     is its token at position context_len - 1, whose K/V is already stored."""
@@ -52,8 +60,9 @@ def decode_batch(num_reqs: int, context_len: int, num_heads: int = 8, num_kv_hea
     ids = (torch.randperm(num_blocks - 1, generator=g) + 1).view(num_reqs, blocks)
     k = torch.randn(num_reqs, context_len, num_kv_heads, head_size, generator=g).to(dtype)
     v = torch.randn(num_reqs, context_len, num_kv_heads, head_size, generator=g).to(dtype)
-    cache = torch.zeros(get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size),
-                        dtype=dtype)
+    cache = torch.zeros(
+        get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size), dtype=dtype
+    )
     pos = torch.arange(context_len)
     for i in range(num_reqs):
         cache[ids[i, pos // block_size], 0, pos % block_size] = k[i]
@@ -61,11 +70,14 @@ def decode_batch(num_reqs: int, context_len: int, num_heads: int = 8, num_kv_hea
     q = torch.randn(num_reqs, num_heads, head_size, generator=g).to(dtype)
     last = ids[:, (context_len - 1) // block_size] * block_size + (context_len - 1) % block_size
     md = AttentionMetadata(
-        num_actual_tokens=num_reqs, max_query_len=1,
+        num_actual_tokens=num_reqs,
+        max_query_len=1,
         query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32, device=device),
         max_seq_len=context_len,
         seq_lens=torch.full((num_reqs,), context_len, dtype=torch.int32, device=device),
-        block_table=ids.to(torch.int32).to(device), slot_mapping=last.to(device))
+        block_table=ids.to(torch.int32).to(device),
+        slot_mapping=last.to(device),
+    )
     return q.to(device), cache.to(device), md, k, v
 
 
@@ -88,13 +100,24 @@ def run_torch(q, cache, md):
 
 def run_triton(q, cache, md, num_splits=None, tile_n=32):
     out = torch.empty_like(q)
-    decode_attention(out, q, cache, md.block_table, md.seq_lens, md.query_start_loc,
-                     md.max_seq_len, q.shape[2] ** -0.5, num_splits=num_splits, tile_n=tile_n)
+    decode_attention(
+        out,
+        q,
+        cache,
+        md.block_table,
+        md.seq_lens,
+        md.query_start_loc,
+        md.max_seq_len,
+        q.shape[2] ** -0.5,
+        num_splits=num_splits,
+        tile_n=tile_n,
+    )
     return out
 
 
-def kernel_vs_torch(seeds=range(8), context_lens=(1, 8, 21, 53), num_splits=(1, 3, 4, 9),
-                    device="cpu") -> dict[str, float]:
+def kernel_vs_torch(
+    seeds=range(8), context_lens=(1, 8, 21, 53), num_splits=(1, 3, 4, 9), device="cpu"
+) -> dict[str, float]:
     """max |triton - torch| by dtype over the shapes lab 04.3 grades (GQA 6/2,
     head_size 16, block_size 4, tiles of 16): the basis of its tolerances."""
     worst = {}
@@ -110,16 +133,21 @@ def kernel_vs_torch(seeds=range(8), context_lens=(1, 8, 21, 53), num_splits=(1, 
     return worst
 
 
-def accuracy(context_lens, dtypes=tuple(DTYPES), num_splits=(None,), num_reqs=2,
-             device="cpu", **shape) -> list[dict]:
+def accuracy(
+    context_lens, dtypes=tuple(DTYPES), num_splits=(None,), num_reqs=2, device="cpu", **shape
+) -> list[dict]:
     rows = []
     for name in dtypes:
         for n in context_lens:
-            q, cache, md, k, v = decode_batch(num_reqs, n, dtype=DTYPES[name], device=device,
-                                              **shape)
+            q, cache, md, k, v = decode_batch(
+                num_reqs, n, dtype=DTYPES[name], device=device, **shape
+            )
             want = oracle(q, k, v)
-            row = {"dtype": name, "context_len": n,
-                   "torch": (run_torch(q, cache, md).double().cpu() - want).abs().max().item()}
+            row = {
+                "dtype": name,
+                "context_len": n,
+                "torch": (run_torch(q, cache, md).double().cpu() - want).abs().max().item(),
+            }
             for s in num_splits:
                 err = (run_triton(q, cache, md, s).double().cpu() - want).abs().max().item()
                 row[f"triton splits={s or 'auto'}"] = err
@@ -141,23 +169,33 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def timing(context_lens, num_reqs=4, dtype="float32", repeats=5, device="cpu",
-           **shape) -> list[dict]:
+def timing(
+    context_lens, num_reqs=4, dtype="float32", repeats=5, device="cpu", **shape
+) -> list[dict]:
     rows = []
     for n in context_lens:
         q, cache, md, _, _ = decode_batch(num_reqs, n, dtype=DTYPES[dtype], device=device, **shape)
         t_torch = median_ms(lambda: run_torch(q, cache, md), repeats)
         t_triton = median_ms(lambda: run_triton(q, cache, md), repeats)
-        rows.append({"context_len": n, "torch_ms": t_torch, "triton_ms": t_triton,
-                     "torch/triton": t_torch / t_triton})
+        rows.append(
+            {
+                "context_len": n,
+                "torch_ms": t_torch,
+                "triton_ms": t_triton,
+                "torch/triton": t_torch / t_triton,
+            }
+        )
     return rows
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (CPU interpreter)")
-    ap.add_argument("--tolerances", action="store_true",
-                    help="only max |triton - torch| by dtype on lab 04.3's shapes")
+    ap.add_argument(
+        "--tolerances",
+        action="store_true",
+        help="only max |triton - torch| by dtype on lab 04.3's shapes",
+    )
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.tolerances:
@@ -167,19 +205,35 @@ def main(argv=None) -> None:
     quick = args.quick or device == "cpu"
     lens = [16, 64, 256] if quick else [128, 1024, 4096, 16384]
     shape = dict(head_size=32) if quick else {}
-    print(f"device {device}" + ("" if device == "cuda" else
-                                " (Triton interpreter: times are NOT kernel performance)"))
+    print(
+        f"device {device}"
+        + ("" if device == "cuda" else " (Triton interpreter: times are NOT kernel performance)")
+    )
     print("max abs error vs float64 attention, decode, by dtype and context length:")
     for row in accuracy(lens, num_splits=(1, 4, None), device=device, **shape):
-        print("  " + ", ".join(f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}"
-                               for k, v in row.items()))
-    print(f"median ms of one decode step ({'4' if quick else '32'} requests, float32"
-          f"{', bfloat16 on cuda' if device == 'cuda' else ''}):")
-    for dtype in (["float32"] if device == "cpu" else ["float32", "bfloat16"]):
-        for row in timing(lens, num_reqs=4 if quick else 32, dtype=dtype, device=device,
-                          repeats=3 if quick else 20, **shape):
-            print(f"  {dtype} context {row['context_len']}: torch {row['torch_ms']:.3f} ms, "
-                  f"triton {row['triton_ms']:.3f} ms, torch/triton {row['torch/triton']:.3g}")
+        print(
+            "  "
+            + ", ".join(
+                f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+            )
+        )
+    print(
+        f"median ms of one decode step ({'4' if quick else '32'} requests, float32"
+        f"{', bfloat16 on cuda' if device == 'cuda' else ''}):"
+    )
+    for dtype in ["float32"] if device == "cpu" else ["float32", "bfloat16"]:
+        for row in timing(
+            lens,
+            num_reqs=4 if quick else 32,
+            dtype=dtype,
+            device=device,
+            repeats=3 if quick else 20,
+            **shape,
+        ):
+            print(
+                f"  {dtype} context {row['context_len']}: torch {row['torch_ms']:.3f} ms, "
+                f"triton {row['triton_ms']:.3f} ms, torch/triton {row['torch/triton']:.3g}"
+            )
 
 
 if __name__ == "__main__":

@@ -59,17 +59,31 @@ class Result:
     history: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
 
 
-def run(workload: list[tuple[int, int]], block_size: int, allocator: str,
-        kv_slots: int = KV_SLOTS, max_model_len: int = MAX_MODEL_LEN) -> Result:
+def run(
+    workload: list[tuple[int, int]],
+    block_size: int,
+    allocator: str,
+    kv_slots: int = KV_SLOTS,
+    max_model_len: int = MAX_MODEL_LEN,
+) -> Result:
     """Run the workload to the end with KV blocks of ``block_size`` slots."""
     sched = mini.create_scheduler(
-        block_size=block_size, num_blocks=kv_slots // block_size + 1,  # + the null block
-        max_num_batched_tokens=BUDGET, max_num_seqs=256, max_model_len=max_model_len,
-        enable_prefix_caching=False)
+        block_size=block_size,
+        num_blocks=kv_slots // block_size + 1,  # + the null block
+        max_num_batched_tokens=BUDGET,
+        max_num_seqs=256,
+        max_model_len=max_model_len,
+        enable_prefix_caching=False,
+    )
     for i, (prompt_len, output_len) in enumerate(workload):
         (request,) = mini.create_requests(
-            1, req_ids=[f"r{i}"], prompt_token_ids=[[1 + (i + j) % 500 for j in range(prompt_len)]],
-            max_tokens=output_len, ignore_eos=True, block_size=block_size)
+            1,
+            req_ids=[f"r{i}"],
+            prompt_token_ids=[[1 + (i + j) % 500 for j in range(prompt_len)]],
+            max_tokens=output_len,
+            ignore_eos=True,
+            block_size=block_size,
+        )
         sched.add_request(request)
     manager = sched.kv_cache_manager
     steps = running_sum = stored_sum = allocated_sum = peak = 0
@@ -80,8 +94,9 @@ def run(workload: list[tuple[int, int]], block_size: int, allocator: str,
         sched.update_from_output(out, mini.make_model_runner_output(sched, out, lambda r: 7))
         running = [r for r in sched.running]
         stored = sum(r.num_computed_tokens for r in running)
-        allocated = sum(len(manager.req_to_blocks.get(r.request_id, ())) for r in running) \
-            * block_size
+        allocated = (
+            sum(len(manager.req_to_blocks.get(r.request_id, ())) for r in running) * block_size
+        )
         history.append((len(running), stored, allocated))
         steps += 1
         running_sum += len(running)
@@ -91,46 +106,66 @@ def run(workload: list[tuple[int, int]], block_size: int, allocator: str,
         if allocated > peak_allocated:
             peak_allocated, peak_stored = allocated, stored
     return Result(
-        allocator=allocator, block_size=block_size, steps=steps, peak_running=peak,
-        mean_running=running_sum / steps, kv_utilisation=stored_sum / allocated_sum,
-        utilisation_at_peak=peak_stored / peak_allocated, history=history)
+        allocator=allocator,
+        block_size=block_size,
+        steps=steps,
+        peak_running=peak,
+        mean_running=running_sum / steps,
+        kv_utilisation=stored_sum / allocated_sum,
+        utilisation_at_peak=peak_stored / peak_allocated,
+        history=history,
+    )
 
 
-def static_waste(workload: list[tuple[int, int]], block_size: int = 16,
-                 max_model_len: int = MAX_MODEL_LEN) -> dict:
+def static_waste(
+    workload: list[tuple[int, int]], block_size: int = 16, max_model_len: int = MAX_MODEL_LEN
+) -> dict:
     """Slots each scheme sets aside for the finished requests, and the share wasted."""
     tokens = sum(p + o for p, o in workload)
     paged = sum(cdiv(p + o, block_size) * block_size for p, o in workload)
     contiguous = len(workload) * max_model_len
-    return {"tokens": tokens, "paged_slots": paged, "contiguous_slots": contiguous,
-            "paged_waste": 1 - tokens / paged, "contiguous_waste": 1 - tokens / contiguous}
+    return {
+        "tokens": tokens,
+        "paged_slots": paged,
+        "contiguous_slots": contiguous,
+        "paged_waste": 1 - tokens / paged,
+        "contiguous_waste": 1 - tokens / contiguous,
+    }
 
 
 def compare(seed: int = 0) -> list[Result]:
     workload = make_workload(seed)
-    return [run(workload, 16, "paged (block 16)"),
-            run(workload, MAX_MODEL_LEN, "contiguous (max_model_len)")]
+    return [
+        run(workload, 16, "paged (block 16)"),
+        run(workload, MAX_MODEL_LEN, "contiguous (max_model_len)"),
+    ]
 
 
 def table(results: list[Result]) -> str:
-    lines = [f"{'allocator':<28}{'steps':>6}{'peak run':>9}{'mean run':>9}"
-             f"{'KV used':>9}{'at peak':>9}"]
+    lines = [
+        f"{'allocator':<28}{'steps':>6}{'peak run':>9}{'mean run':>9}{'KV used':>9}{'at peak':>9}"
+    ]
     for r in results:
-        lines.append(f"{r.allocator:<28}{r.steps:>6}{r.peak_running:>9}{r.mean_running:>9.1f}"
-                     f"{r.kv_utilisation:>9.0%}{r.utilisation_at_peak:>9.0%}")
+        lines.append(
+            f"{r.allocator:<28}{r.steps:>6}{r.peak_running:>9}{r.mean_running:>9.1f}"
+            f"{r.kv_utilisation:>9.0%}{r.utilisation_at_peak:>9.0%}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mini_vllm.benchmarks.fragmentation",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mini_vllm.benchmarks.fragmentation", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     print(table(compare(args.seed)))
     w = static_waste(make_workload(args.seed))
-    print(f"finished requests: {w['tokens']} tokens; paged sets aside {w['paged_slots']} slots "
-          f"({w['paged_waste']:.1%} wasted), contiguous {w['contiguous_slots']} "
-          f"({w['contiguous_waste']:.1%} wasted)")
+    print(
+        f"finished requests: {w['tokens']} tokens; paged sets aside {w['paged_slots']} slots "
+        f"({w['paged_waste']:.1%} wasted), contiguous {w['contiguous_slots']} "
+        f"({w['contiguous_waste']:.1%} wasted)"
+    )
     return 0
 
 

@@ -56,16 +56,22 @@ class PagedModel:
     because attention would read keys and values that were never written.
     """
 
-    def __init__(self, model: torch.nn.Module, max_model_len: int, block_size: int = 16,
-                 attention_backend: str = "torch") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_model_len: int,
+        block_size: int = 16,
+        attention_backend: str = "torch",
+    ) -> None:
         param = next(model.parameters())
         self.model = model
         self.device = param.device
         self.max_model_len = max_model_len
         self.block_size = block_size
         num_blocks = cdiv(max_model_len, block_size) + 1
-        self.kv_caches = allocate_kv_caches(model, num_blocks, block_size, param.dtype,
-                                            param.device, attention_backend)
+        self.kv_caches = allocate_kv_caches(
+            model, num_blocks, block_size, param.dtype, param.device, attention_backend
+        )
         self.block_ids = list(range(1, num_blocks))
         self.num_cached = 0  # positions 0..num_cached-1 hold valid keys and values
         # What was fed, for the lab's tests and the benchmark.
@@ -93,10 +99,13 @@ class PagedModel:
                 f"forward(start={start}) but only positions 0..{self.num_cached - 1} are in the "
                 f"KV cache (nothing is, after reset()): position {start} would attend to keys "
                 f"and values of positions {self.num_cached}..{start - 1} that were never "
-                "computed. Feed those tokens first.")
+                "computed. Feed those tokens first."
+            )
         if end > self.max_model_len:
-            raise ValueError(f"the sequence would reach {end} tokens, more than "
-                             f"max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"the sequence would reach {end} tokens, more than "
+                f"max_model_len={self.max_model_len}"
+            )
         bs, dev = self.block_size, self.device
         positions = torch.arange(start, end, dtype=torch.int64, device=dev)
         slots = [self.block_ids[p // bs] * bs + p % bs for p in range(start, end)]
@@ -106,8 +115,9 @@ class PagedModel:
             query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
             max_seq_len=end,
             seq_lens=torch.tensor([end], dtype=torch.int32, device=dev),
-            block_table=torch.tensor([self.block_ids[:cdiv(end, bs)]], dtype=torch.int32,
-                                     device=dev),
+            block_table=torch.tensor(
+                [self.block_ids[: cdiv(end, bs)]], dtype=torch.int32, device=dev
+            ),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
         )
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
@@ -122,8 +132,9 @@ class PagedModel:
 
 
 # BEGIN LAB 00.1: greedy decoding with and without the KV cache
-def greedy_without_cache(model: PagedModel, prompt_token_ids: list[int],
-                         max_tokens: int) -> list[int]:
+def greedy_without_cache(
+    model: PagedModel, prompt_token_ids: list[int], max_tokens: int
+) -> list[int]:
     """The ``max_tokens`` tokens greedy decoding picks after the prompt,
     recomputing the whole sequence at every step (no KV cache reuse)."""
     # HINT: each step: model.reset(), then feed every token so far from position 0.
@@ -137,12 +148,13 @@ def greedy_without_cache(model: PagedModel, prompt_token_ids: list[int],
         output.append(token)
         tokens.append(token)
     return output
+
+
 # END LAB 00.1
 
 
 # BEGIN LAB 00.1
-def greedy_with_cache(model: PagedModel, prompt_token_ids: list[int],
-                      max_tokens: int) -> list[int]:
+def greedy_with_cache(model: PagedModel, prompt_token_ids: list[int], max_tokens: int) -> list[int]:
     """The same tokens, computing each position once: prefill the prompt,
     then feed only the newest token at each step."""
     # HINT: reset once, prefill the prompt, then feed [token] at its position.
@@ -156,6 +168,8 @@ def greedy_with_cache(model: PagedModel, prompt_token_ids: list[int],
         if step + 1 < max_tokens:
             logits = model.forward([token], start=len(prompt_token_ids) + step)
     return output
+
+
 # END LAB 00.1
 
 
@@ -194,8 +208,14 @@ def step_times(paged: PagedModel, lengths: list[int], repeats: int, vocab: int) 
         paged.reset()
         paged.forward(tokens[:-1], start=0)
         with_ms = _median_ms(with_cache, repeats)
-        rows.append({"context": length, "no_cache_ms": no_ms, "with_cache_ms": with_ms,
-                     "ratio": no_ms / with_ms})
+        rows.append(
+            {
+                "context": length,
+                "no_cache_ms": no_ms,
+                "with_cache_ms": with_ms,
+                "ratio": no_ms / with_ms,
+            }
+        )
     return rows
 
 
@@ -206,9 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads (default 1: on a small shared machine more threads "
-                             "mostly wait on each other)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads (default 1: on a small shared machine more threads "
+        "mostly wait on each other)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-save", action="store_true", help="do not write results/*.json")
     args = parser.parse_args(argv)
@@ -219,21 +243,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     path = args.model or str(smollm2_gguf_path())
-    model, hf_config, _ = load_model(path, device=args.device, dtype=torch.float32,
-                                     load_tokenizer=False)
+    model, hf_config, _ = load_model(
+        path, device=args.device, dtype=torch.float32, load_tokenizer=False
+    )
     vocab = hf_config.vocab_size
     max_len = max(max(args.lengths), args.prompt_len + args.max_tokens)
     paged = PagedModel(model, max_len)
-    print(f"model {Path(path).name} on {args.device}, float32, "
-          f"{torch.get_num_threads()} threads; medians of {args.repeats}")
+    print(
+        f"model {Path(path).name} on {args.device}, float32, "
+        f"{torch.get_num_threads()} threads; medians of {args.repeats}"
+    )
 
     paged.forward([1, 2, 3], start=0)  # warm-up
     rows = step_times(paged, args.lengths, args.repeats, vocab)
-    print(f"\none decode step at context length L (ms):\n{'L':>6} {'no cache':>10} "
-          f"{'KV cache':>10} {'ratio':>7}")
+    print(
+        f"\none decode step at context length L (ms):\n{'L':>6} {'no cache':>10} "
+        f"{'KV cache':>10} {'ratio':>7}"
+    )
     for r in rows:
-        print(f"{r['context']:>6} {r['no_cache_ms']:>10.1f} {r['with_cache_ms']:>10.1f} "
-              f"{r['ratio']:>6.1f}x")
+        print(
+            f"{r['context']:>6} {r['no_cache_ms']:>10.1f} {r['with_cache_ms']:>10.1f} "
+            f"{r['ratio']:>6.1f}x"
+        )
 
     prompt = [(17 * i + 5) % vocab for i in range(args.prompt_len)]
     loops = (("no_cache", greedy_without_cache), ("with_cache", greedy_with_cache))
@@ -249,8 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         runs[name]["ms_per_token"] = statistics.median(times[name])
     same = runs["no_cache"]["tokens"] == runs["with_cache"]["tokens"]
     speedup = runs["no_cache"]["ms_per_token"] / runs["with_cache"]["ms_per_token"]
-    print(f"\ngenerate {args.max_tokens} tokens after a {args.prompt_len}-token prompt "
-          "(medians of 3, alternating):")
+    print(
+        f"\ngenerate {args.max_tokens} tokens after a {args.prompt_len}-token prompt "
+        "(medians of 3, alternating):"
+    )
     for name, r in runs.items():
         print(f"  {name:>10}: {r['ms_per_token']:7.1f} ms/token, {r['tokens_fed']} tokens fed")
     print(f"  speed-up {speedup:.1f}x, same tokens: {same}")
@@ -258,14 +291,30 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_save:
         RESULTS.mkdir(exist_ok=True)
         out_path = RESULTS / f"kv_cache_speedup_{torch.device(args.device).type}.json"
-        out_path.write_text(json.dumps({
-            "model": Path(path).name, "device": args.device, "dtype": "float32",
-            "threads": torch.get_num_threads(), "repeats": args.repeats, "steps": rows,
-            "generate": {"prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
-                         "same_tokens": same, "speedup": speedup,
-                         **{k: {kk: vv for kk, vv in v.items() if kk != "tokens"}
-                            for k, v in runs.items()}},
-        }, indent=1) + "\n")
+        out_path.write_text(
+            json.dumps(
+                {
+                    "model": Path(path).name,
+                    "device": args.device,
+                    "dtype": "float32",
+                    "threads": torch.get_num_threads(),
+                    "repeats": args.repeats,
+                    "steps": rows,
+                    "generate": {
+                        "prompt_len": args.prompt_len,
+                        "max_tokens": args.max_tokens,
+                        "same_tokens": same,
+                        "speedup": speedup,
+                        **{
+                            k: {kk: vv for kk, vv in v.items() if kk != "tokens"}
+                            for k, v in runs.items()
+                        },
+                    },
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"wrote {out_path}")
     return 0 if same else 1
 

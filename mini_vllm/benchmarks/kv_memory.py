@@ -26,9 +26,13 @@ from pathlib import Path
 
 import torch
 
-from mini_vllm.kv_cache_interface import (FullAttentionSpec, get_max_concurrency_for_kv_cache_config,
-                                          get_num_blocks, kv_cache_bytes_per_token,
-                                          num_requests_that_fit)
+from mini_vllm.kv_cache_interface import (
+    FullAttentionSpec,
+    get_max_concurrency_for_kv_cache_config,
+    get_num_blocks,
+    kv_cache_bytes_per_token,
+    num_requests_that_fit,
+)
 
 MODEL_CONFIGS = Path(__file__).parent / "data" / "model_configs.json"
 GIB = 1 << 30
@@ -38,29 +42,44 @@ def load_model_configs() -> list[dict]:
     return json.loads(MODEL_CONFIGS.read_text())["models"]
 
 
-def spec_for(cfg: dict, block_size: int = 16, dtype: torch.dtype | None = None,
-             spec_cls: type = FullAttentionSpec) -> FullAttentionSpec:
+def spec_for(
+    cfg: dict,
+    block_size: int = 16,
+    dtype: torch.dtype | None = None,
+    spec_cls: type = FullAttentionSpec,
+) -> FullAttentionSpec:
     """The KV spec of one layer of the model ``cfg`` describes (its own dtype by default)."""
-    return spec_cls(block_size=block_size, num_kv_heads=cfg["num_key_value_heads"],
-                    head_size=cfg["head_dim"], dtype=dtype or getattr(torch, cfg["torch_dtype"]))
+    return spec_cls(
+        block_size=block_size,
+        num_kv_heads=cfg["num_key_value_heads"],
+        head_size=cfg["head_dim"],
+        dtype=dtype or getattr(torch, cfg["torch_dtype"]),
+    )
 
 
-def table(gpu_gib: float = 80, utilization: float = 0.9, context: int = 4096,
-          block_size: int = 16) -> list[dict]:
+def table(
+    gpu_gib: float = 80, utilization: float = 0.9, context: int = 4096, block_size: int = 16
+) -> list[dict]:
     budget = int(gpu_gib * GIB * utilization)
     rows = []
     for cfg in load_model_configs():
         spec, layers = spec_for(cfg, block_size), cfg["num_hidden_layers"]
         num_blocks = get_num_blocks(layers, budget, spec.page_size_bytes)
-        rows.append({
-            "model": cfg["name"], "layers": layers, "kv_heads": cfg["num_key_value_heads"],
-            "head_dim": cfg["head_dim"], "dtype": cfg["torch_dtype"],
-            "bytes_per_token": kv_cache_bytes_per_token(spec, layers),
-            "num_blocks": num_blocks,
-            "requests": num_requests_that_fit(num_blocks, spec, context),
-            "upstream_max_concurrency": get_max_concurrency_for_kv_cache_config(
-                num_blocks, spec, layers, context),
-        })
+        rows.append(
+            {
+                "model": cfg["name"],
+                "layers": layers,
+                "kv_heads": cfg["num_key_value_heads"],
+                "head_dim": cfg["head_dim"],
+                "dtype": cfg["torch_dtype"],
+                "bytes_per_token": kv_cache_bytes_per_token(spec, layers),
+                "num_blocks": num_blocks,
+                "requests": num_requests_that_fit(num_blocks, spec, context),
+                "upstream_max_concurrency": get_max_concurrency_for_kv_cache_config(
+                    num_blocks, spec, layers, context
+                ),
+            }
+        )
     return rows
 
 
@@ -72,15 +91,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int, default=16)
     args = parser.parse_args(argv)
     rows = table(args.gpu_gib, args.utilization, args.context, args.block_size)
-    print(f"KV budget {args.utilization} x {args.gpu_gib:g} GiB (weights not subtracted), "
-          f"block_size {args.block_size}, requests of {args.context} tokens\n")
-    print("| model | layers | KV heads | head dim | dtype | KV bytes/token | blocks "
-          "| requests that fit | upstream's max concurrency |")
+    print(
+        f"KV budget {args.utilization} x {args.gpu_gib:g} GiB (weights not subtracted), "
+        f"block_size {args.block_size}, requests of {args.context} tokens\n"
+    )
+    print(
+        "| model | layers | KV heads | head dim | dtype | KV bytes/token | blocks "
+        "| requests that fit | upstream's max concurrency |"
+    )
     print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['model']} | {r['layers']} | {r['kv_heads']} | {r['head_dim']} | {r['dtype']} "
-              f"| {r['bytes_per_token']:,.0f} | {r['num_blocks']:,} | {r['requests']:,} "
-              f"| {r['upstream_max_concurrency']:,.2f}x |")
+        print(
+            f"| {r['model']} | {r['layers']} | {r['kv_heads']} | {r['head_dim']} | {r['dtype']} "
+            f"| {r['bytes_per_token']:,.0f} | {r['num_blocks']:,} | {r['requests']:,} "
+            f"| {r['upstream_max_concurrency']:,.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -39,13 +39,24 @@ def make_workload(seed: int = 0) -> list[tuple[list[int], int]]:
 def run_once(backend, workload, num_blocks: int) -> tuple[float, int, int]:
     """Seconds for the loop, number of steps, number of preemptions."""
     sched = backend.create_scheduler(
-        max_num_seqs=NUM_REQUESTS, max_num_batched_tokens=BUDGET, num_blocks=num_blocks,
-        block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=True)
+        max_num_seqs=NUM_REQUESTS,
+        max_num_batched_tokens=BUDGET,
+        num_blocks=num_blocks,
+        block_size=BLOCK_SIZE,
+        max_model_len=MAX_MODEL_LEN,
+        enable_prefix_caching=True,
+    )
     requests = []
     for i, (prompt, max_tokens) in enumerate(workload):
         requests += backend.create_requests(
-            1, prompt_token_ids=[prompt], max_tokens=max_tokens, ignore_eos=True,
-            block_size=BLOCK_SIZE, req_ids=[str(i)], arrival_times=[float(i)])
+            1,
+            prompt_token_ids=[prompt],
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            block_size=BLOCK_SIZE,
+            req_ids=[str(i)],
+            arrival_times=[float(i)],
+        )
     output_cls = backend.ModelRunnerOutput
     next_token = lambda r: 1000 + r.num_output_tokens % 20000  # noqa: E731
     steps = 0
@@ -55,7 +66,8 @@ def run_once(backend, workload, num_blocks: int) -> tuple[float, int, int]:
     while sched.has_requests():
         out = sched.schedule()
         sched.update_from_output(
-            out, mini.make_model_runner_output(sched, out, next_token, output_cls))
+            out, mini.make_model_runner_output(sched, out, next_token, output_cls)
+        )
         steps += 1
     elapsed = time.perf_counter() - start
     return elapsed, steps, sum(r.num_preemptions for r in requests)
@@ -70,16 +82,20 @@ def main(argv: list[str] | None = None) -> int:
     workload = make_workload()
     need = sum(cdiv(len(p) + n, BLOCK_SIZE) for p, n in workload) + 1
     cases = {"ample blocks": need, "memory pressure": need // 4}
-    print(f"{NUM_REQUESTS} requests, prompts/outputs uniform in 100-1024, block {BLOCK_SIZE}, "
-          f"budget {BUDGET}, prefix caching on, {args.repeats} runs each (medians)")
-    print(f"{'case':<16} {'blocks':>7} {'steps':>6} {'preempt':>8} {'upstream s':>11} "
-          f"{'mini_vllm s':>12} {'ratio':>6}")
+    print(
+        f"{NUM_REQUESTS} requests, prompts/outputs uniform in 100-1024, block {BLOCK_SIZE}, "
+        f"budget {BUDGET}, prefix caching on, {args.repeats} runs each (medians)"
+    )
+    print(
+        f"{'case':<16} {'blocks':>7} {'steps':>6} {'preempt':>8} {'upstream s':>11} "
+        f"{'mini_vllm s':>12} {'ratio':>6}"
+    )
     for case, num_blocks in cases.items():
         times = {"upstream": [], "mini": []}
         info = {}
         for r in range(args.repeats):
             order = [("upstream", upstream), ("mini", mini)]
-            for name, backend in (order if r % 2 == 0 else order[::-1]):
+            for name, backend in order if r % 2 == 0 else order[::-1]:
                 elapsed, steps, preemptions = run_once(backend, workload, num_blocks)
                 times[name].append(elapsed)
                 info[name] = (steps, preemptions)
@@ -87,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  warning: steps/preemptions differ: {info}", file=sys.stderr)
         up, mv = statistics.median(times["upstream"]), statistics.median(times["mini"])
         steps, pre = info["mini"]
-        print(f"{case:<16} {num_blocks:>7} {steps:>6} {pre:>8} {up:>11.3f} {mv:>12.3f} "
-              f"{mv / up:>5.2f}x")
+        print(
+            f"{case:<16} {num_blocks:>7} {steps:>6} {pre:>8} {up:>11.3f} {mv:>12.3f} "
+            f"{mv / up:>5.2f}x"
+        )
     return 0
 
 

@@ -57,6 +57,7 @@ class BlockPool:
         # HINT: a plain dict keeps insertion order.
         blocks = self.cached_block_hash_to_block.get(block_hash)
         return next(iter(blocks.values())) if blocks else None
+
     # END LAB 02.3
 
     # BEGIN LAB 02.3: register newly full blocks in the prefix cache
@@ -86,6 +87,7 @@ class BlockPool:
             block_hash = request.block_hashes[i]
             blk.block_hash = block_hash
             self.cached_block_hash_to_block.setdefault(block_hash, {})[blk.block_id] = blk
+
     # END LAB 02.3
 
     # BEGIN LAB 02.2: allocate blocks from the front of the free queue
@@ -108,6 +110,7 @@ class BlockPool:
             assert block.ref_cnt == 0
             block.ref_cnt = 1
         return ret
+
     # END LAB 02.2
 
     # BEGIN LAB 02.2: evict a block from the prefix cache
@@ -129,6 +132,7 @@ class BlockPool:
             del self.cached_block_hash_to_block[block_hash]
         block.reset_hash()
         return True
+
     # END LAB 02.2
 
     # BEGIN LAB 02.2: take a reference on blocks another request cached
@@ -144,6 +148,7 @@ class BlockPool:
             if block.ref_cnt == 0 and not block.is_null:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
+
     # END LAB 02.2
 
     # BEGIN LAB 02.2: release blocks, keeping their eviction order
@@ -160,9 +165,8 @@ class BlockPool:
         blocks = list(ordered_blocks)
         for block in blocks:
             block.ref_cnt -= 1
-        self.free_block_queue.append_n(
-            [b for b in blocks if b.ref_cnt == 0 and not b.is_null]
-        )
+        self.free_block_queue.append_n([b for b in blocks if b.ref_cnt == 0 and not b.is_null])
+
     # END LAB 02.2
 
     def reset_prefix_cache(self) -> bool:

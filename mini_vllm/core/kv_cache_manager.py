@@ -116,6 +116,7 @@ class KVCacheManager:
         if not hits:
             return self.empty_kv_cache_blocks, 0
         return KVCacheBlocks((hits,)), num_hit_tokens
+
     # END LAB 02.3
 
     # BEGIN LAB 02.4: allocate_slots: how many free blocks a request needs
@@ -138,6 +139,7 @@ class KVCacheManager:
         # them from it, so they cost free capacity too.
         num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
         return num_new + num_evictable
+
     # END LAB 02.4
 
     # BEGIN LAB 02.4: give a request slots for its next tokens, or None
@@ -205,8 +207,11 @@ class KVCacheManager:
         if self.enable_caching:
             # Cache every block that will be full once this step runs, but
             # never count tokens that do not exist yet (lookahead slots).
-            self.cache_blocks(request, min(total_computed_tokens + num_new_tokens, request.num_tokens))
+            self.cache_blocks(
+                request, min(total_computed_tokens + num_new_tokens, request.num_tokens)
+            )
         return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty_kv_cache_blocks
+
     # END LAB 02.4
 
     # BEGIN LAB 02.3: cache the request's blocks that are full
@@ -227,6 +232,7 @@ class KVCacheManager:
             request, self.req_to_blocks[request_id], num_cached, num_full
         )
         self.num_cached_block[request_id] = num_full
+
     # END LAB 02.3
 
     # BEGIN LAB 02.4: release a request's blocks, tail first
@@ -242,6 +248,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.block_pool.free_blocks(reversed(blocks))
         self.num_cached_block.pop(request.request_id, None)
+
     # END LAB 02.4
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:

@@ -53,8 +53,14 @@ def init_none_hash(hash_fn: Callable[[Any], bytes], seed: str = "0") -> None:
 class KVCacheBlock:
     """Metadata of one KV-cache block (the tensors live in the model runner)."""
 
-    __slots__ = ("block_id", "ref_cnt", "_block_hash", "prev_free_block",
-                 "next_free_block", "is_null")
+    __slots__ = (
+        "block_id",
+        "ref_cnt",
+        "_block_hash",
+        "prev_free_block",
+        "next_free_block",
+        "is_null",
+    )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -119,6 +125,7 @@ class FreeKVCacheBlockQueue:
             raise ValueError("No free blocks available")
         self.remove(first)
         return first
+
     # END LAB 02.1
 
     # BEGIN LAB 02.1: pop n blocks at once
@@ -144,6 +151,7 @@ class FreeKVCacheBlockQueue:
         curr.prev_free_block = self.fake_free_list_head
         self.num_free_blocks -= n
         return ret
+
     # END LAB 02.1
 
     # BEGIN LAB 02.1: remove a block from the middle in O(1)
@@ -162,12 +170,14 @@ class FreeKVCacheBlockQueue:
         nxt.prev_free_block = prev
         block.prev_free_block = block.next_free_block = None
         self.num_free_blocks -= 1
+
     # END LAB 02.1
 
     # BEGIN LAB 02.1: append one block at the back
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the back of the queue (the last to be evicted)."""
         self.append_n([block])
+
     # END LAB 02.1
 
     # BEGIN LAB 02.1: append blocks at the back, in order
@@ -186,6 +196,7 @@ class FreeKVCacheBlockQueue:
         last.next_free_block = self.fake_free_list_tail
         self.fake_free_list_tail.prev_free_block = last
         self.num_free_blocks += len(blocks)
+
     # END LAB 02.1
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
@@ -216,6 +227,8 @@ def hash_block_tokens(
     if not parent_block_hash:
         parent_block_hash = NONE_HASH
     return BlockHash(hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys)))
+
+
 # END LAB 02.3
 
 
@@ -234,7 +247,7 @@ def get_request_block_hasher(
         parent = request.block_hashes[-1] if request.block_hashes else None
         new_hashes: list[BlockHash] = []
         while start + block_size <= len(tokens):
-            parent = hash_block_tokens(caching_hash_fn, parent, tokens[start:start + block_size])
+            parent = hash_block_tokens(caching_hash_fn, parent, tokens[start : start + block_size])
             new_hashes.append(parent)
             start += block_size
         return new_hashes

@@ -42,8 +42,14 @@ def resolve_scheduler_cls(scheduler_cls) -> type:
 
 
 class EngineCore:
-    def __init__(self, vllm_config: VllmConfig, model: torch.nn.Module,
-                 device: torch.device, dtype: torch.dtype, attention_backend: str) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        model: torch.nn.Module,
+        device: torch.device,
+        dtype: torch.dtype,
+        attention_backend: str,
+    ) -> None:
         self.vllm_config = vllm_config
         cache = vllm_config.cache_config
         self.kv_cache_spec, self.num_layers = kv_cache_spec_of(model, cache.block_size, dtype)
@@ -58,8 +64,9 @@ class EngineCore:
             device=device,
         )
         cache.num_gpu_blocks = num_blocks
-        self.kv_caches = allocate_kv_caches(model, num_blocks, cache.block_size, dtype, device,
-                                            attention_backend)
+        self.kv_caches = allocate_kv_caches(
+            model, num_blocks, cache.block_size, dtype, device, attention_backend
+        )
         self.model_runner = GPUModelRunner(model, cache.block_size, device)
         scheduler_cls = resolve_scheduler_cls(vllm_config.scheduler_config.scheduler_cls)
         self.scheduler = scheduler_cls(vllm_config)
@@ -94,4 +101,5 @@ class EngineCore:
         self.num_scheduled_tokens += scheduler_output.total_num_scheduled_tokens
         model_output = self.model_runner.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, model_output)
+
     # END LAB 01.2

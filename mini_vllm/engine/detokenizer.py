@@ -39,11 +39,16 @@ class IncrementalDetokenizer:
     # How many prompt tokens seed the window (enough context for spacing).
     INITIAL_WINDOW = 5
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
-                 params: SamplingParams | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool = True,
+        params: SamplingParams | None = None,
+    ):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.tokens = list(prompt_token_ids[-self.INITIAL_WINDOW:])
+        self.tokens = list(prompt_token_ids[-self.INITIAL_WINDOW :])
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
         self.output_text = ""
@@ -70,12 +75,12 @@ class IncrementalDetokenizer:
     def decode_next(self, next_token_id: int) -> str:
         """Add one token to the window; return the text it completes (maybe "")."""
         self.tokens.append(next_token_id)
-        prefix_text = self._decode(self.tokens[self.prefix_offset:self.read_offset])
-        new_text = self._decode(self.tokens[self.prefix_offset:])
+        prefix_text = self._decode(self.tokens[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.tokens[self.prefix_offset :])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.tokens)
-            return new_text[len(prefix_text):]
+            return new_text[len(prefix_text) :]
         return ""
 
     # BEGIN LAB 01.3: detokenize the new tokens, then look for a stop string
@@ -107,14 +112,19 @@ class IncrementalDetokenizer:
         # HINT: check_stop_strings says which string and where to cut (-1: nowhere).
         if not self.stop or self.num_output_tokens() <= self.min_tokens:
             return None
-        match = check_stop_strings(self.output_text, len(self.output_text) - search_from,
-                                   self.stop, self.include_stop_str_in_output)
+        match = check_stop_strings(
+            self.output_text,
+            len(self.output_text) - search_from,
+            self.stop,
+            self.include_stop_str_in_output,
+        )
         if match is None:
             return None
         stop_string, truncate_to = match
         if truncate_to != -1:
             self.output_text = self.output_text[:truncate_to]
         return stop_string
+
     # END LAB 01.3
 
     def get_next_output_text(self, finished: bool) -> str:
@@ -127,8 +137,9 @@ class IncrementalDetokenizer:
 
 
 # BEGIN LAB 01.3
-def check_stop_strings(output_text: str, new_char_count: int, stop: list[str],
-                       include_in_output: bool) -> tuple[str, int] | None:
+def check_stop_strings(
+    output_text: str, new_char_count: int, stop: list[str], include_in_output: bool
+) -> tuple[str, int] | None:
     """The first stop string (in ``stop``'s order) found in the last
     ``new_char_count`` characters of ``output_text``, or in text that ends
     there, as ``(stop_string, truncate_to)``; None if none.
@@ -153,4 +164,6 @@ def check_stop_strings(output_text: str, new_char_count: int, stop: list[str],
         end = start + len(stop_str)
         return stop_str, (-1 if end >= len(output_text) else end)
     return None
+
+
 # END LAB 01.3

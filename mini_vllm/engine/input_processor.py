@@ -26,8 +26,14 @@ from mini_vllm.sampling_params import SamplingParams
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, max_model_len: int, block_size: int,
-                 eos_token_id: int | None, generation_config: dict | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        max_model_len: int,
+        block_size: int,
+        eos_token_id: int | None,
+        generation_config: dict | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
@@ -44,14 +50,24 @@ class InputProcessor:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             if "prompt" in prompt:
                 return self.tokenize(prompt["prompt"])
-            raise ValueError(f"A prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}.")
+            raise ValueError(
+                f"A prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}."
+            )
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt)
-        raise ValueError(f"Unsupported prompt type {type(prompt).__name__}: use str, "
-                         "{'prompt_token_ids': [...]} or a list of token ids.")
+        raise ValueError(
+            f"Unsupported prompt type {type(prompt).__name__}: use str, "
+            "{'prompt_token_ids': [...]} or a list of token ids."
+        )
 
-    def process_inputs(self, request_id: str, prompt, params: SamplingParams | None,
-                       arrival_time: float | None = None, priority: int = 0) -> tuple[str | None, Request]:
+    def process_inputs(
+        self,
+        request_id: str,
+        prompt,
+        params: SamplingParams | None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> tuple[str | None, Request]:
         prompt_text, token_ids = self.tokenize(prompt)
         if not token_ids:
             raise ValueError(f"Request {request_id!r}: the prompt cannot be empty.")
@@ -59,12 +75,14 @@ class InputProcessor:
             raise ValueError(
                 f"Request {request_id!r}: the prompt (length {len(token_ids)}) is too long: "
                 f"it must be shorter than max_model_len={self.max_model_len} so that at "
-                "least one token can be generated.")
+                "least one token can be generated."
+            )
         params = copy.deepcopy(params) if params is not None else SamplingParams()
         if params.stop and self.tokenizer is None:
             # Upstream: "stop strings are only supported when detokenize is True".
-            raise ValueError(f"Request {request_id!r}: stop strings need a tokenizer, and "
-                             "this model has none.")
+            raise ValueError(
+                f"Request {request_id!r}: stop strings need a tokenizer, and this model has none."
+            )
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(token_ids)
         params.update_from_generation_config(self.generation_config, self.eos_token_id)

@@ -65,7 +65,8 @@ class LLMEngine:
                     raise ValueError(
                         "The Triton backend on a CPU needs Triton's interpreter, which must be "
                         "switched on before triton is imported: set TRITON_INTERPRET=1 in the "
-                        "environment (the mini-vllm CLI does this itself).")
+                        "environment (the mini-vllm CLI does this itself)."
+                    )
                 os.environ["TRITON_INTERPRET"] = "1"
         self.attention_backend = backend
 
@@ -83,21 +84,33 @@ class LLMEngine:
             if isinstance(eos, list):
                 eos = eos[0] if eos else None
         self.input_processor = InputProcessor(
-            self.tokenizer, model_config.max_model_len, vllm_config.cache_config.block_size, eos)
+            self.tokenizer, model_config.max_model_len, vllm_config.cache_config.block_size, eos
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.prefix_cache_stats = PrefixCacheStats()
 
-    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
         """Queue a request. Bad input raises ValueError and leaves the engine as it was."""
         if request_id in self.output_processor.request_states:
             raise ValueError(f"Duplicate request id {request_id!r}.")
         prompt_text, request = self.input_processor.process_inputs(
-            request_id, prompt, params, arrival_time, priority)
+            request_id, prompt, params, arrival_time, priority
+        )
         self.engine_core.add_request(request)
         self.output_processor.add_request(
-            request_id, prompt_text, request.prompt_token_ids, request.arrival_time,
-            request.sampling_params)
+            request_id,
+            prompt_text,
+            request.prompt_token_ids,
+            request.arrival_time,
+            request.sampling_params,
+        )
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Abort from the user: forget in the front end, then free in EngineCore."""
@@ -125,6 +138,7 @@ class LLMEngine:
         self.engine_core.abort_requests(processed.reqs_to_abort)
         self.record_stats(outputs.scheduler_stats)
         return processed.request_outputs
+
     # END LAB 01.2
 
     def record_stats(self, stats) -> None:
@@ -132,8 +146,14 @@ class LLMEngine:
         if stats is None:
             return
         total, new = self.prefix_cache_stats, stats.prefix_cache_stats
-        for name in ("requests", "queries", "hits", "preempted_requests",
-                     "preempted_queries", "preempted_hits"):
+        for name in (
+            "requests",
+            "queries",
+            "hits",
+            "preempted_requests",
+            "preempted_queries",
+            "preempted_hits",
+        ):
             setattr(total, name, getattr(total, name) + getattr(new, name))
 
     def get_stats(self) -> dict:

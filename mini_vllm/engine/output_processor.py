@@ -32,29 +32,51 @@ class OutputProcessorOutput:
 
 
 class RequestState:
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 tokenizer, arrival_time: float, params: SamplingParams) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        tokenizer,
+        arrival_time: float,
+        params: SamplingParams,
+    ) -> None:
         want_logprobs = params.logprobs is not None
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.output_token_ids: list[int] = []
-        self.detokenizer = (IncrementalDetokenizer(tokenizer, prompt_token_ids, params=params)
-                            if tokenizer is not None else None)
+        self.detokenizer = (
+            IncrementalDetokenizer(tokenizer, prompt_token_ids, params=params)
+            if tokenizer is not None
+            else None
+        )
         self.logprobs: list[dict[int, float]] | None = [] if want_logprobs else None
         self.cumulative_logprob: float | None = 0.0 if want_logprobs else None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
 
     def make_output(self, finish_reason: str | None, stop_reason) -> RequestOutput:
         finished = finish_reason is not None
-        text = (self.detokenizer.get_next_output_text(finished)
-                if self.detokenizer is not None else "")
+        text = (
+            self.detokenizer.get_next_output_text(finished) if self.detokenizer is not None else ""
+        )
         completion = CompletionOutput(
-            index=0, text=text, token_ids=list(self.output_token_ids),
-            cumulative_logprob=self.cumulative_logprob, logprobs=self.logprobs,
-            finish_reason=finish_reason, stop_reason=stop_reason)
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion],
-                             finished=finished, metrics=self.metrics)
+            index=0,
+            text=text,
+            token_ids=list(self.output_token_ids),
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=self.logprobs,
+            finish_reason=finish_reason,
+            stop_reason=stop_reason,
+        )
+        return RequestOutput(
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            [completion],
+            finished=finished,
+            metrics=self.metrics,
+        )
 
 
 class OutputProcessor:
@@ -62,15 +84,25 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    arrival_time: float, params: SamplingParams) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        arrival_time: float,
+        params: SamplingParams,
+    ) -> None:
         self.request_states[request_id] = RequestState(
-            request_id, prompt, prompt_token_ids, self.tokenizer, arrival_time, params)
+            request_id, prompt, prompt_token_ids, self.tokenizer, arrival_time, params
+        )
 
     def abort_requests(self, request_ids) -> list[str]:
         """Forget these requests; return the ids that were still known."""
-        return [request_id for request_id in request_ids
-                if self.request_states.pop(request_id, None) is not None]
+        return [
+            request_id
+            for request_id in request_ids
+            if self.request_states.pop(request_id, None) is not None
+        ]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)
@@ -89,7 +121,8 @@ class OutputProcessor:
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             if state.detokenizer is not None:
                 stop_string = state.detokenizer.update(
-                    out.new_token_ids, finish_reason == FinishReason.STOP)
+                    out.new_token_ids, finish_reason == FinishReason.STOP
+                )
                 if stop_string:
                     finish_reason, stop_reason = FinishReason.STOP, stop_string
             if state.logprobs is not None and out.new_logprobs:

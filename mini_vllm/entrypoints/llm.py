@@ -19,8 +19,14 @@ from collections.abc import Sequence
 
 import torch
 
-from mini_vllm.config import (AttentionConfig, CacheConfig, DeviceConfig, ModelConfig,
-                              SchedulerConfig, VllmConfig)
+from mini_vllm.config import (
+    AttentionConfig,
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
 from mini_vllm.engine.llm_engine import LLMEngine, resolve_device, resolve_dtype
 from mini_vllm.outputs import RequestOutput
 from mini_vllm.sampling_params import SamplingParams
@@ -76,22 +82,31 @@ class LLM:
             if not enable_chunked_prefill:
                 max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
             max_num_batched_tokens = max(max_num_batched_tokens, max_num_seqs)
-        if (kv_cache_memory_bytes is None and num_gpu_blocks_override is None
-                and torch_device.type == "cpu"):
+        if (
+            kv_cache_memory_bytes is None
+            and num_gpu_blocks_override is None
+            and torch_device.type == "cpu"
+        ):
             kv_cache_memory_bytes = CPU_DEFAULT_KV_CACHE_BYTES
         config = VllmConfig(
-            model_config=ModelConfig(max_model_len=max_model_len, model=model, dtype=dtype,
-                                     seed=seed),
+            model_config=ModelConfig(
+                max_model_len=max_model_len, model=model, dtype=dtype, seed=seed
+            ),
             cache_config=CacheConfig(
-                block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                block_size=block_size,
+                enable_prefix_caching=enable_prefix_caching,
                 gpu_memory_utilization=gpu_memory_utilization,
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
-                num_gpu_blocks_override=num_gpu_blocks_override),
+                num_gpu_blocks_override=num_gpu_blocks_override,
+            ),
             scheduler_config=SchedulerConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
                 enable_chunked_prefill=enable_chunked_prefill,
-                long_prefill_token_threshold=long_prefill_token_threshold, policy=policy,
-                scheduler_cls=scheduler_cls),
+                long_prefill_token_threshold=long_prefill_token_threshold,
+                policy=policy,
+                scheduler_cls=scheduler_cls,
+            ),
             device_config=DeviceConfig(device=device),
             attention_config=AttentionConfig(backend=attention_backend),
         )
@@ -134,17 +149,23 @@ class LLM:
             raise
         return self._run_engine(ids, use_tqdm)
 
-    def chat(self, messages, sampling_params: SamplingParams | None = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
+    def chat(
+        self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True
+    ) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"}) or a list of them,
         rendered with the model's chat template."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ValueError("This model has no chat template.")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [{"prompt_token_ids": tokenizer.apply_chat_template(
-            conv, add_generation_prompt=True, tokenize=True, return_dict=False)}
-            for conv in conversations]
+        prompts = [
+            {
+                "prompt_token_ids": tokenizer.apply_chat_template(
+                    conv, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            }
+            for conv in conversations
+        ]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -153,6 +174,7 @@ class LLM:
         bar = None
         if use_tqdm:
             from tqdm import tqdm
+
             bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
         start = time.perf_counter()
         num_out = 0

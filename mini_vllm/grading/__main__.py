@@ -1,10 +1,10 @@
 """``python -m mini_vllm.grading``: starters, grading, and diffs against upstream.
 
-  generate [--check] [--out DIR] [--force]   write (or check) the labs/ starters
-  solve --out DIR                            a copy of labs/ with the reference's code in every region
-  check 03 | 03.2 [--impl ref] [--labs-dir DIR] [--results FILE] [-- PYTEST ARGS]
-                                             grade a phase or one lab; exit 0 only on full marks
-  diff SYMBOL [--impl labs]                  a symbol beside upstream's at the pin
+generate [--check] [--out DIR] [--force]   write (or check) the labs/ starters
+solve --out DIR                            a copy of labs/ with the reference's code in every region
+check 03 | 03.2 [--impl ref] [--labs-dir DIR] [--results FILE] [-- PYTEST ARGS]
+                                           grade a phase or one lab; exit 0 only on full marks
+diff SYMBOL [--impl labs]                  a symbol beside upstream's at the pin
 """
 
 from __future__ import annotations
@@ -32,8 +32,12 @@ def generate(out: Path, check: bool, force: bool) -> int:
     kept = []
     for rel, text in starters.items():
         path = out / rel
-        if path.exists() and path.read_text() != text and R.has_student_code(path, text) \
-                and not force:
+        if (
+            path.exists()
+            and path.read_text() != text
+            and R.has_student_code(path, text)
+            and not force
+        ):
             kept.append(path)
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,8 +66,10 @@ def solve(out: Path) -> int:
 def phase_dir(phase: str) -> Path:
     found = sorted((R.REPO_ROOT / "phases").glob(f"{phase}-*"))
     if not found:
-        raise SystemExit(f"No phase {phase}: phases/ has "
-                         f"{sorted(p.name for p in (R.REPO_ROOT / 'phases').glob('[0-9]*'))}")
+        raise SystemExit(
+            f"No phase {phase}: phases/ has "
+            f"{sorted(p.name for p in (R.REPO_ROOT / 'phases').glob('[0-9]*'))}"
+        )
     return found[0]
 
 
@@ -77,8 +83,9 @@ def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_arg
     if lab:
         found = sorted(folder.glob(f"lab-{int(lab):02d}-*"))
         if not found:
-            raise SystemExit(f"Phase {phase} has no lab {lab}: "
-                             f"{sorted(p.name for p in folder.glob('lab-*'))}")
+            raise SystemExit(
+                f"Phase {phase} has no lab {lab}: {sorted(p.name for p in folder.glob('lab-*'))}"
+            )
         folder = found[0]
     os.environ["IMPL"] = impl
     if labs_dir:
@@ -92,9 +99,21 @@ def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_arg
             os.environ.setdefault("TRITON_INTERPRET", "1")
     except ImportError:
         pass
-    code = pytest.main([str(folder), "-p", "no:cacheprovider", "--tb=short", "-q",
-                        "--rootdir", str(R.REPO_ROOT), "--results", results, "--no-score-table",
-                        *pytest_args])
+    code = pytest.main(
+        [
+            str(folder),
+            "-p",
+            "no:cacheprovider",
+            "--tb=short",
+            "-q",
+            "--rootdir",
+            str(R.REPO_ROOT),
+            "--results",
+            results,
+            "--no-score-table",
+            *pytest_args,
+        ]
+    )
     try:
         summary = json.loads(Path(results).read_text())
     except (OSError, ValueError):
@@ -116,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     pytest_args: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, pytest_args = argv[:i], argv[i + 1:]
-    parser = argparse.ArgumentParser(prog="python -m mini_vllm.grading",
-                                     description=__doc__.split("\n\n")[0])
+        argv, pytest_args = argv[:i], argv[i + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="python -m mini_vllm.grading", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="write the labs/ starters from the reference")
     g.add_argument("--out", default=str(R.REPO_ROOT / R.LABS_PACKAGE))

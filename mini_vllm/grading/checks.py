@@ -36,9 +36,11 @@ def _run(scheduler_cls: type, workload: Workload, max_steps: int | None):
     except RuntimeError as e:
         if "did not finish" not in str(e):
             return None, crash_message(e)
-        return None, (f"{e}: the reference finishes it in far fewer steps. Some request is "
-                      "never scheduled again or never finishes: look for a count that stops "
-                      "advancing.")
+        return None, (
+            f"{e}: the reference finishes it in far fewer steps. Some request is "
+            "never scheduled again or never finishes: look for a count that stops "
+            "advancing."
+        )
     except Exception as e:  # noqa: BLE001 - a bug in the code under grade, told in words
         return None, crash_message(e)
 
@@ -46,8 +48,10 @@ def _run(scheduler_cls: type, workload: Workload, max_steps: int | None):
 def crash_message(error: BaseException) -> str:
     """Where the code under grade raised, in one sentence."""
     where = traceback.extract_tb(error.__traceback__)[-1]
-    return (f"{YOURS} raised {type(error).__name__}: {error} at `{where.line}` "
-            f"(line {where.lineno} of {where.filename}).")
+    return (
+        f"{YOURS} raised {type(error).__name__}: {error} at `{where.line}` "
+        f"(line {where.lineno} of {where.filename})."
+    )
 
 
 def snapshot_names() -> list[str]:
@@ -65,14 +69,17 @@ def snapshot_mismatch(scheduler_cls: type, name: str, max_steps: int | None = No
     diff = first_difference(expected, got, labels=(upstream, YOURS))
     if diff is None:
         return None
-    return (f"Scenario {name!r} (scheduler config {workload.config}) as recorded from "
-            f"{upstream}, against {YOURS}:\n{diff}\n"
-            f"Replay it: mini_vllm/oracle/scenarios.py defines the workload; "
-            f"`make scheduler-demo` shows a trace step by step.")
+    return (
+        f"Scenario {name!r} (scheduler config {workload.config}) as recorded from "
+        f"{upstream}, against {YOURS}:\n{diff}\n"
+        f"Replay it: mini_vllm/oracle/scenarios.py defines the workload; "
+        f"`make scheduler-demo` shows a trace step by step."
+    )
 
 
-def reference_mismatch(scheduler_cls: type, workload: Workload,
-                       max_steps: int | None = None) -> str | None:
+def reference_mismatch(
+    scheduler_cls: type, workload: Workload, max_steps: int | None = None
+) -> str | None:
     """None if ``scheduler_cls`` and the reference Scheduler produce the same
     trace on ``workload`` (the reference equals upstream step for step:
     tests/upstream/test_lockstep.py)."""
@@ -83,5 +90,7 @@ def reference_mismatch(scheduler_cls: type, workload: Workload,
     if diff is None:
         return None
     requests = [(s.req_id, len(s.prompt_token_ids), s.max_tokens) for s in workload.requests]
-    return (f"{diff}\nscheduler config: {workload.config}\n"
-            f"requests (id, prompt length, max_tokens): {requests}")
+    return (
+        f"{diff}\nscheduler config: {workload.config}\n"
+        f"requests (id, prompt length, max_tokens): {requests}"
+    )

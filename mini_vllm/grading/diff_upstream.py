@@ -117,7 +117,10 @@ def _labs_def(qual: str) -> tuple[Path, ast.AST] | None:
             if node := _find(f, qual):
                 return f, node
         except SyntaxError as e:
-            print(f"warning: skipped {f}: it does not parse (line {e.lineno}: {e.msg})", file=sys.stderr)
+            print(
+                f"warning: skipped {f}: it does not parse (line {e.lineno}: {e.msg})",
+                file=sys.stderr,
+            )
     return None
 
 
@@ -126,7 +129,9 @@ def _show(path: Path) -> str:
     return str(path.relative_to(root)) if root else str(path)
 
 
-def _column(title: str, path: Path, node: ast.AST, mark: int | None = None) -> tuple[str, list[str]]:
+def _column(
+    title: str, path: Path, node: ast.AST, mark: int | None = None
+) -> tuple[str, list[str]]:
     """A header ``title  file:start-end`` and the numbered source lines (decorators included)."""
     lines = path.read_text(encoding="utf-8").splitlines()
     start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
@@ -135,7 +140,9 @@ def _column(title: str, path: Path, node: ast.AST, mark: int | None = None) -> t
     return f"{title}  {_show(path)}:{start}-{node.end_lineno}", body
 
 
-def side_by_side(left: tuple[str, list[str]], right: tuple[str, list[str]], width: int) -> list[str]:
+def side_by_side(
+    left: tuple[str, list[str]], right: tuple[str, list[str]], width: int
+) -> list[str]:
     col = max(20, (width - 3) // 2)
 
     def fit(s: str) -> str:
@@ -143,7 +150,7 @@ def side_by_side(left: tuple[str, list[str]], right: tuple[str, list[str]], widt
 
     def fit_head(s: str) -> str:  # keep the title and the end of `file:start-end`
         title, where = s.split("  ", 1)
-        return s if len(s) <= col else f"{title}  …{where[len(s) - col + 1:]}"
+        return s if len(s) <= col else f"{title}  …{where[len(s) - col + 1 :]}"
 
     out = [fit_head(left[0]).ljust(col) + " │ " + fit_head(right[0]), "─" * col + "─┼─" + "─" * col]
     for a, b in itertools.zip_longest(left[1], right[1], fillvalue=""):
@@ -155,7 +162,11 @@ def differences(name: str, doc: str) -> list[str]:
     """First lines of the "Deliberate differences" bullets that quote ``name`` (or ``X.name``)."""
     section = doc.split("\n## Deliberate differences", 1)[-1].split("\n## ", 1)[0]
     quoted = re.compile(rf"`(?:[\w.]*\.)?{re.escape(name)}`")
-    return [b.splitlines()[0] for b in re.split(r"\n(?=- )", section) if b.startswith("- ") and quoted.search(b)]
+    return [
+        b.splitlines()[0]
+        for b in re.split(r"\n(?=- )", section)
+        if b.startswith("- ") and quoted.search(b)
+    ]
 
 
 def _fail(*lines: str) -> int:
@@ -164,9 +175,16 @@ def _fail(*lines: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mini_vllm.grading diff", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m mini_vllm.grading diff", description=__doc__.splitlines()[0]
+    )
     p.add_argument("symbol", help="e.g. Scheduler.schedule, check_stop, or a full mini_vllm path")
-    p.add_argument("--impl", choices=("ref", "labs"), default="ref", help="left: the reference, or the student's code")
+    p.add_argument(
+        "--impl",
+        choices=("ref", "labs"),
+        default="ref",
+        help="left: the reference, or the student's code",
+    )
     p.add_argument("--width", type=int, help="total width (default: the terminal's)")
     args = p.parse_args(argv)
 
@@ -174,20 +192,27 @@ def main(argv: list[str] | None = None) -> int:
     if vllm_root is None:
         return _fail("error: the pinned upstream vllm is not installed; run `make upstream` first.")
     if PIN_COMMIT_ID not in (vllm_root / "vllm" / "_version.py").read_text(encoding="utf-8"):
-        print(f"warning: the installed vllm is not the pin ({PIN_COMMIT_ID}); lines may be off.", file=sys.stderr)
+        print(
+            f"warning: the installed vllm is not the pin ({PIN_COMMIT_ID}); lines may be off.",
+            file=sys.stderr,
+        )
 
     doc = PIN_DOC.read_text(encoding="utf-8")
     rows = symbol_map(doc)
     hits = [r for r in rows if r.mini == args.symbol or r.mini.endswith("." + args.symbol)]
     if len(hits) > 1:
-        return _fail(f"{args.symbol!r} matches {len(hits)} rows of the symbol map; name one of:",
-                     *(f"  {r.mini}" for r in hits))
+        return _fail(
+            f"{args.symbol!r} matches {len(hits)} rows of the symbol map; name one of:",
+            *(f"  {r.mini}" for r in hits),
+        )
     if not hits:
         k = args.symbol.count(".") + 1  # compare like with like: `Class.method` with `Class.method`
         names = sorted({".".join(r.mini.split(".")[-k:]) for r in rows} | {r.mini for r in rows})
         close = difflib.get_close_matches(args.symbol, names, n=5, cutoff=0.6)
-        return _fail(f"{args.symbol!r} is not in UPSTREAM_PIN.md's symbol map.",
-                     f"Did you mean: {', '.join(close)}?" if close else "Try a full mini_vllm.… path.")
+        return _fail(
+            f"{args.symbol!r} is not in UPSTREAM_PIN.md's symbol map.",
+            f"Did you mean: {', '.join(close)}?" if close else "Try a full mini_vllm.… path.",
+        )
     (row,) = hits
 
     mini_path, qual = _mini_file(row.mini)
@@ -195,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     up_path = vllm_root / row.path
     up_node = _find(up_path, row.upstream, row.line) if up_path.is_file() else None
     if mini_node is None or up_node is None:
-        where = f"{_show(mini_path)}: {qual}" if mini_node is None else f"{row.path}:{row.line}: {row.upstream}"
+        where = (
+            f"{_show(mini_path)}: {qual}"
+            if mini_node is None
+            else f"{row.path}:{row.line}: {row.upstream}"
+        )
         return _fail(f"error: UPSTREAM_PIN.md:{row.lineno} is stale: no definition at {where}")
 
     out: list[str] = []
@@ -204,11 +233,18 @@ def main(argv: list[str] | None = None) -> int:
         if found := _labs_def(qual):
             left = _column("student", *found)
         else:
-            out += [f"No labs starter defines {qual}: the student's code inherits the reference's, shown left.", ""]
+            out += [
+                f"No labs starter defines {qual}: the student's code inherits the reference's, shown left.",
+                "",
+            ]
     right = _column("upstream 0.22.1", up_path, up_node, mark=row.line)
     out += side_by_side(left, right, args.width or shutil.get_terminal_size((120, 24)).columns)
 
-    out += ["", "Where to look", f"  upstream  {row.path}:{row.line}  ({row.upstream}; `>` marks the cited line)"]
+    out += [
+        "",
+        "Where to look",
+        f"  upstream  {row.path}:{row.line}  ({row.upstream}; `>` marks the cited line)",
+    ]
     out += [f"            {up_path}:{row.line}"] + ([f"  note      {row.note}"] if row.note else [])
     if bullets := differences(qual.rsplit(".", 1)[-1], doc):
         out += ['  UPSTREAM_PIN.md, "Deliberate differences":'] + [f"    {b}" for b in bullets]

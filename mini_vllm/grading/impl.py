@@ -44,8 +44,9 @@ def load(lab_or_phase: str, impl: str | None = None) -> types.SimpleNamespace:
     if impl == "ref":
         import importlib
 
-        return types.SimpleNamespace(**{
-            p.stem: importlib.import_module(R.module_name(p)) for p in modules})
+        return types.SimpleNamespace(
+            **{p.stem: importlib.import_module(R.module_name(p)) for p in modules}
+        )
     return types.SimpleNamespace(**_load_student(phase, modules, keep))
 
 
@@ -57,7 +58,8 @@ def _load_student(phase: str, modules: dict, keep: set[str] | None) -> dict:
         if not path.exists():
             raise FileNotFoundError(
                 f"{path} is missing. Regenerate the starters with "
-                "`python -m mini_vllm.grading generate` (it never overwrites your work).")
+                "`python -m mini_vllm.grading generate` (it never overwrites your work)."
+            )
         code = R.region_code(ref_path.read_text().splitlines(), ref_regions)
         text = R.compose(path.read_text(), code, keep, str(path), ref_regions)
         sources[R.starter_module_name(phase, ref_path)] = (path, text)
@@ -75,9 +77,14 @@ def _load_student(phase: str, modules: dict, keep: set[str] | None) -> dict:
             sys.modules[name] = pkg
         pending = dict(sources)
         while pending:
-            ready = [n for n, (_, t) in pending.items()
-                     if not (set(re.findall(rf"^from ({re.escape(package)}\.\w+) import", t, re.M))
-                             - set(built))]
+            ready = [
+                n
+                for n, (_, t) in pending.items()
+                if not (
+                    set(re.findall(rf"^from ({re.escape(package)}\.\w+) import", t, re.M))
+                    - set(built)
+                )
+            ]
             if not ready:
                 raise ImportError(f"starters of phase {phase} import each other in a cycle")
             for name in ready:

@@ -32,10 +32,20 @@ class Backend:
     def __init__(self, impl) -> None:
         self.impl = impl
 
-    def create_kv_cache_manager(self, block_size: int = 16, num_blocks: int = 10000,
-                                max_model_len: int = 8192, enable_caching: bool = True):
-        return build_manager(self.impl, block_size=block_size, num_blocks=num_blocks,
-                             max_model_len=max_model_len, enable_caching=enable_caching)
+    def create_kv_cache_manager(
+        self,
+        block_size: int = 16,
+        num_blocks: int = 10000,
+        max_model_len: int = 8192,
+        enable_caching: bool = True,
+    ):
+        return build_manager(
+            self.impl,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
+            enable_caching=enable_caching,
+        )
 
     @staticmethod
     def manager_state(manager) -> dict:
@@ -44,11 +54,17 @@ class Backend:
         return mini.manager_state(manager)
 
 
-def build_manager(impl, block_size: int = 4, num_blocks: int = 16, max_model_len: int = 64,
-                  enable_caching: bool = True):
+def build_manager(
+    impl,
+    block_size: int = 4,
+    num_blocks: int = 16,
+    max_model_len: int = 64,
+    enable_caching: bool = True,
+):
     """The KV cache manager of the modules under grade, over their block pool."""
-    manager = impl.kv_cache_manager.KVCacheManager(num_blocks, block_size, max_model_len,
-                                                   enable_caching=enable_caching)
+    manager = impl.kv_cache_manager.KVCacheManager(
+        num_blocks, block_size, max_model_len, enable_caching=enable_caching
+    )
     manager.block_pool = impl.block_pool.BlockPool(num_blocks, enable_caching)
     return manager
 
@@ -58,9 +74,13 @@ def request_factory(impl, block_size: int, max_tokens: int = 1000):
     hasher = impl.kv_cache_utils.get_request_block_hasher(block_size, sha256)
 
     def make_request(req_id: str, prompt: list[int]) -> Request:
-        return Request(request_id=req_id, prompt_token_ids=list(prompt),
-                       sampling_params=SamplingParams(max_tokens=max_tokens), arrival_time=0.0,
-                       block_hasher=hasher)
+        return Request(
+            request_id=req_id,
+            prompt_token_ids=list(prompt),
+            sampling_params=SamplingParams(max_tokens=max_tokens),
+            arrival_time=0.0,
+            block_hasher=hasher,
+        )
 
     return make_request
 
@@ -69,15 +89,18 @@ def run(impl, workload: KVWorkload) -> dict:
     """The trace of ``workload`` on the KV cache under grade."""
     backend = Backend(impl)
     return run_kv_workload(
-        backend, workload, manager=backend.create_kv_cache_manager(**workload.config),
-        make_request=request_factory(impl, workload.config["block_size"]))
+        backend,
+        workload,
+        manager=backend.create_kv_cache_manager(**workload.config),
+        make_request=request_factory(impl, workload.config["block_size"]),
+    )
 
 
 def expect_raises(exc: type, call, rule: str) -> None:
     """``call()`` must raise ``exc``; anything else fails with ``rule``."""
     try:
         call()
-    except NotImplementedError:     # a RuntimeError: test it before `exc`
+    except NotImplementedError:  # a RuntimeError: test it before `exc`
         raise
     except exc:
         return
@@ -88,8 +111,10 @@ def expect_raises(exc: type, call, rule: str) -> None:
 
 def _raised(e: Exception, what: str) -> str:
     where = traceback.extract_tb(e.__traceback__)[-1]
-    return (f"{what}: {YOURS} raised {type(e).__name__}: {e} at `{where.line}` (line "
-            f"{where.lineno} of {where.filename}).")
+    return (
+        f"{what}: {YOURS} raised {type(e).__name__}: {e} at `{where.line}` (line "
+        f"{where.lineno} of {where.filename})."
+    )
 
 
 def snapshot_mismatch(impl, name: str, fields: tuple[str, ...] | None = None) -> str | None:
@@ -106,10 +131,12 @@ def snapshot_mismatch(impl, name: str, fields: tuple[str, ...] | None = None) ->
     diff = first_kv_difference(expected, got, labels=(upstream, YOURS), fields=fields)
     if diff is None:
         return None
-    return (f"KV scenario {name!r} (config {workload.config}), as recorded from {upstream}'s "
-            f"KVCacheManager, against {YOURS}:\n{diff}\n"
-            f"The scenario's story is in mini_vllm/oracle/kv_scenarios.py; the recording is "
-            f"tests/snapshots/kv_cache/{name}.json.")
+    return (
+        f"KV scenario {name!r} (config {workload.config}), as recorded from {upstream}'s "
+        f"KVCacheManager, against {YOURS}:\n{diff}\n"
+        f"The scenario's story is in mini_vllm/oracle/kv_scenarios.py; the recording is "
+        f"tests/snapshots/kv_cache/{name}.json."
+    )
 
 
 def reference_mismatch(impl, workload: KVWorkload) -> str | None:
@@ -124,10 +151,14 @@ def reference_mismatch(impl, workload: KVWorkload) -> str | None:
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 - turned into a message
-        return _raised(e, "on the generated workload below") + \
-            f"\nconfig: {workload.config}\nrequests: {workload.requests}\nops: {workload.ops}"
+        return (
+            _raised(e, "on the generated workload below")
+            + f"\nconfig: {workload.config}\nrequests: {workload.requests}\nops: {workload.ops}"
+        )
     diff = first_kv_difference(expected, got, labels=("reference", YOURS))
     if diff is None:
         return None
-    return (f"{diff}\nconfig: {workload.config}\nrequests (id, prompt): {workload.requests}\n"
-            f"operations: {workload.ops}")
+    return (
+        f"{diff}\nconfig: {workload.config}\nrequests (id, prompt): {workload.requests}\n"
+        f"operations: {workload.ops}"
+    )

@@ -26,9 +26,16 @@ DEFAULT_TIMEOUT = 60.0
 LAB_DIR = re.compile(r"^lab-(\d+)-[\w-]+$")
 PHASE_DIR = re.compile(r"^(\d\d)-[\w-]+$")
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_runtest_call",
-           "pytest_runtest_logreport", "pytest_collection_finish", "pytest_terminal_summary",
-           "impl", "lab_id"]
+__all__ = [
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_runtest_call",
+    "pytest_runtest_logreport",
+    "pytest_collection_finish",
+    "pytest_terminal_summary",
+    "impl",
+    "lab_id",
+]
 
 
 class LabTimeout(BaseException):
@@ -55,10 +62,14 @@ def lab_title(path: Path) -> str:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--results", default=None,
-                     help="where to write the Gradescope-style results.json")
-    parser.addoption("--no-score-table", action="store_true",
-                     help="write results.json but leave the score table to the caller")
+    parser.addoption(
+        "--results", default=None, help="where to write the Gradescope-style results.json"
+    )
+    parser.addoption(
+        "--no-score-table",
+        action="store_true",
+        help="write results.json but leave the score table to the caller",
+    )
 
 
 def pytest_configure(config):
@@ -97,7 +108,8 @@ def pytest_runtest_call(item):
         raise LabTimeout(
             f"still running after {seconds:g} s, so it was stopped. Look for a loop that "
             "never ends (a `while` whose exit condition never becomes true, or a request "
-            "that is never scheduled or never finishes).")
+            "that is never scheduled or never finishes)."
+        )
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -152,8 +164,9 @@ _STATE: dict = {}
 
 
 def summarise(by_id: dict) -> tuple[dict, list]:
-    labs: dict[str, dict] = defaultdict(lambda: {"title": "", "tests": 0, "passed": 0,
-                                                 "points": 0.0, "total": 0.0})
+    labs: dict[str, dict] = defaultdict(
+        lambda: {"title": "", "tests": 0, "passed": 0, "points": 0.0, "total": 0.0}
+    )
     tests = []
     for nodeid, t in by_id.items():
         row = labs[t["lab"]]
@@ -164,14 +177,16 @@ def summarise(by_id: dict) -> tuple[dict, list]:
         if passed:
             row["passed"] += 1
             row["points"] += t["max_score"]
-        tests.append({
-            "name": f"Lab {t['lab']} · {t['name']}",
-            "number": t["lab"],
-            "score": t["max_score"] if passed else 0.0,
-            "max_score": t["max_score"],
-            "status": "passed" if passed else "failed",
-            "output": t["output"] if not passed else "",
-        })
+        tests.append(
+            {
+                "name": f"Lab {t['lab']} · {t['name']}",
+                "number": t["lab"],
+                "score": t["max_score"] if passed else 0.0,
+                "max_score": t["max_score"],
+                "status": "passed" if passed else "failed",
+                "output": t["output"] if not passed else "",
+            }
+        )
     return dict(sorted(labs.items(), key=lambda kv: [int(x) for x in kv[0].split(".")])), tests
 
 
@@ -180,10 +195,14 @@ def score_table(results: dict) -> str:
     labs = results["labs"]
     rows = [f"{'lab':<6} {'':<26} {'passed':>9} {'points':>14}"]
     for lab, r in labs.items():
-        rows.append(f"{lab:<6} {r['title'][:26]:<26} {r['passed']:>4}/{r['tests']:<4} "
-                    f"{r['points']:>6g} / {r['total']:<6g}")
-    rows.append(f"{'total':<6} {'':<26} {sum(r['passed'] for r in labs.values()):>4}/"
-                f"{len(results['tests']):<4} {results['score']:>6g} / {results['max_score']:<6g}")
+        rows.append(
+            f"{lab:<6} {r['title'][:26]:<26} {r['passed']:>4}/{r['tests']:<4} "
+            f"{r['points']:>6g} / {r['total']:<6g}"
+        )
+    rows.append(
+        f"{'total':<6} {'':<26} {sum(r['passed'] for r in labs.values()):>4}/"
+        f"{len(results['tests']):<4} {results['score']:>6g} / {results['max_score']:<6g}"
+    )
     if results["score"] < results["max_score"]:
         rows.append("Not full marks yet: the failures above say which rule broke and where.")
     return "\n".join(rows)
@@ -200,8 +219,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         "visibility": "visible",
         "stdout_visibility": "visible",
         "tests": tests,
-        "labs": {lab: {k: r[k] for k in ("title", "tests", "passed", "points", "total")}
-                 for lab, r in labs.items()},
+        "labs": {
+            lab: {k: r[k] for k in ("title", "tests", "passed", "points", "total")}
+            for lab, r in labs.items()
+        },
     }
     path = Path(config.getoption("--results") or "results.json")
     path.write_text(json.dumps(results, indent=2) + "\n")

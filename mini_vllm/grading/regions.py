@@ -41,10 +41,10 @@ class RegionError(ValueError):
 
 @dataclass
 class Region:
-    lab: str          # "03.2"
+    lab: str  # "03.2"
     title: str
-    begin: int        # index of the BEGIN line (0-based)
-    end: int          # index of the END line
+    begin: int  # index of the BEGIN line (0-based)
+    end: int  # index of the END line
     indent: str
 
     @property
@@ -59,23 +59,27 @@ def find_regions(lines: list[str], where: str = "<source>") -> list[Region]:
     for i, line in enumerate(lines):
         if m := BEGIN.match(line):
             if open_region is not None:
-                raise RegionError(f"{where}:{i + 1}: BEGIN LAB {m['lab']} inside LAB "
-                                  f"{open_region.lab} (opened at line {open_region.begin + 1})")
+                raise RegionError(
+                    f"{where}:{i + 1}: BEGIN LAB {m['lab']} inside LAB "
+                    f"{open_region.lab} (opened at line {open_region.begin + 1})"
+                )
             open_region = Region(m["lab"], m["title"] or "", i, -1, m["indent"])
         elif m := END.match(line):
             if open_region is None or m["lab"] != open_region.lab:
                 raise RegionError(f"{where}:{i + 1}: END LAB {m['lab']} without a matching BEGIN")
             if m["indent"] != open_region.indent:
-                raise RegionError(f"{where}:{i + 1}: END LAB {m['lab']} is indented differently "
-                                  "from its BEGIN")
+                raise RegionError(
+                    f"{where}:{i + 1}: END LAB {m['lab']} is indented differently from its BEGIN"
+                )
             open_region.end = i
             regions.append(open_region)
             open_region = None
         elif line.lstrip().startswith(("# BEGIN LAB", "# END LAB")):
             raise RegionError(f"{where}:{i + 1}: malformed lab marker: {line.strip()!r}")
     if open_region is not None:
-        raise RegionError(f"{where}:{open_region.begin + 1}: BEGIN LAB {open_region.lab} "
-                          "is never closed")
+        raise RegionError(
+            f"{where}:{open_region.begin + 1}: BEGIN LAB {open_region.lab} is never closed"
+        )
     return regions
 
 
@@ -137,27 +141,33 @@ def _owner(tree: ast.Module, region: Region):
     for cls, fn in candidates:
         start = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
         if start >= first and fn.end_lineno <= last:
-            return cls, fn, True            # the region is this whole function
+            return cls, fn, True  # the region is this whole function
         if fn.body[0].lineno <= first and last <= fn.end_lineno:
-            return cls, fn, False           # the region is inside its body
-    raise RegionError(f"LAB {region.lab} (line {region.begin + 1}) is neither a whole "
-                      "function nor inside a top-level function or method")
+            return cls, fn, False  # the region is inside its body
+    raise RegionError(
+        f"LAB {region.lab} (line {region.begin + 1}) is neither a whole "
+        "function nor inside a top-level function or method"
+    )
 
 
-def _stub(lines: list[str], region: Region, fn: ast.FunctionDef, whole: bool,
-          starter_path: str) -> list[str]:
+def _stub(
+    lines: list[str], region: Region, fn: ast.FunctionDef, whole: bool, starter_path: str
+) -> list[str]:
     """The starter's replacement for a region's code (markers excluded)."""
-    body = lines[region.begin + 1:region.end]
+    body = lines[region.begin + 1 : region.end]
     kept: list[str] = []
     indent = region.indent
     if whole:
         doc = ast.get_docstring(fn) is not None
         head_end = fn.body[0].end_lineno if doc else fn.body[0].lineno - 1
-        kept = lines[region.begin + 1:head_end]
+        kept = lines[region.begin + 1 : head_end]
         indent = " " * fn.body[0].col_offset
     kept += [line for line in body if HINT.match(line)]
-    message = f"Lab {region.lab}: {region.title} ({starter_path})" if region.title else \
-        f"Lab {region.lab} ({starter_path})"
+    message = (
+        f"Lab {region.lab}: {region.title} ({starter_path})"
+        if region.title
+        else f"Lab {region.lab} ({starter_path})"
+    )
     kept.append(f"{indent}raise NotImplementedError({message!r})")
     return kept
 
@@ -203,7 +213,7 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
                 start, end = min(start, region.begin), max(end, region.end + 1)
         out, i = [], start
         for region, whole in regions:
-            out += lines[i:region.begin + 1]
+            out += lines[i : region.begin + 1]
             out += _stub(lines, region, fn, whole, starter_path)
             out.append(lines[region.end])
             i = region.end + 1
@@ -225,9 +235,12 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
                 continue
             if isinstance(node, ast.ImportFrom) and node.module in siblings:
                 node = ast.ImportFrom(
-                    module=starter_module_name(phase, REPO_ROOT / Path(*node.module.split("."))
-                                               .with_suffix(".py")),
-                    names=keep, level=0)
+                    module=starter_module_name(
+                        phase, REPO_ROOT / Path(*node.module.split(".")).with_suffix(".py")
+                    ),
+                    names=keep,
+                    level=0,
+                )
             else:
                 node = type(node)(**{**{f: getattr(node, f) for f in node._fields}, "names": keep})
             imports.append(ast.unparse(node))
@@ -238,10 +251,14 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
     others = [
         n.name if not isinstance(n, ast.Assign) else n.targets[0].id
         for n in tree.body
-        if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name not in holed_functions
-            and n.name not in holed_classes)
-        or (isinstance(n, ast.Assign) and len(n.targets) == 1
-            and isinstance(n.targets[0], ast.Name))
+        if (
+            isinstance(n, (ast.FunctionDef, ast.ClassDef))
+            and n.name not in holed_functions
+            and n.name not in holed_classes
+        )
+        or (
+            isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+        )
     ]
     if others:
         imports.append(f"from {modname} import {', '.join(others)}  # noqa: F401")
@@ -259,8 +276,10 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
         "a lab. The hints are comments starting with ``# HINT:``.",
         "",
         "Labs in this file:",
-        *[f"- {lab}: {title} (``make check-lab-{lab}``)"
-          for lab, title in sorted(labs.items(), key=lambda kv: int(kv[0].split(".")[1]))],
+        *[
+            f"- {lab}: {title} (``make check-lab-{lab}``)"
+            for lab, title in sorted(labs.items(), key=lambda kv: int(kv[0].split(".")[1]))
+        ],
         "",
         "Generated by ``python -m mini_vllm.grading generate``.",
         '"""',
@@ -274,8 +293,12 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
             continue
         if cls not in done_classes:
             done_classes.add(cls)
-            body += ["", "", f"class {cls}(_reference.{cls}):",
-                     f'    """The reference ``{cls}`` with its Phase {phase} lab methods re-opened."""']
+            body += [
+                "",
+                "",
+                f"class {cls}(_reference.{cls}):",
+                f'    """The reference ``{cls}`` with its Phase {phase} lab methods re-opened."""',
+            ]
         body += [""] + function_text(fn, regions)
     return "\n".join(doc + imports + body) + "\n"
 
@@ -287,8 +310,10 @@ def starters(phase: str) -> dict[Path, str]:
     names = [p.name for p in modules]
     if len(set(names)) != len(names):
         raise RegionError(f"phase {phase}: two reference modules share a file name: {names}")
-    out = {Path(f"phase_{phase}") / "__init__.py":
-           f'"""Phase {phase} lab starters (generated; see each module\'s docstring)."""\n'}
+    out = {
+        Path(f"phase_{phase}")
+        / "__init__.py": f'"""Phase {phase} lab starters (generated; see each module\'s docstring)."""\n'
+    }
     for path in modules:
         out[starter_relpath(phase, path)] = make_starter(path, phase, siblings)
     return out
@@ -305,7 +330,7 @@ def all_starters() -> dict[Path, str]:
 
 
 def region_code(lines: list[str], regions: list[Region]) -> list[list[str]]:
-    return [lines[r.begin + 1:r.end] for r in regions]
+    return [lines[r.begin + 1 : r.end] for r in regions]
 
 
 def splice(text: str, replacements: dict[int, list[str]], where: str = "<source>") -> str:
@@ -315,8 +340,8 @@ def splice(text: str, replacements: dict[int, list[str]], where: str = "<source>
     regions = find_regions(lines, where)
     out, i = [], 0
     for k, region in enumerate(regions):
-        out += lines[i:region.begin + 1]
-        out += replacements.get(k, lines[region.begin + 1:region.end])
+        out += lines[i : region.begin + 1]
+        out += replacements.get(k, lines[region.begin + 1 : region.end])
         i = region.end
     out += lines[i:]
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
@@ -329,7 +354,8 @@ def check_same_regions(student: list[Region], reference: list[Region], where: st
         raise RegionError(
             f"{where}: the lab markers do not match the reference's (found {got}, expected "
             f"{want}). Put back any `# BEGIN LAB` / `# END LAB` line you removed or changed "
-            "(`git diff labs/` shows them).")
+            "(`git diff labs/` shows them)."
+        )
 
 
 def reference_region_code(phase: str) -> dict[str, list[list[str]]]:
@@ -340,16 +366,24 @@ def reference_region_code(phase: str) -> dict[str, list[list[str]]]:
     return out
 
 
-def compose(student_text: str, reference_code: list[list[str]], keep: set[str] | None,
-            where: str, reference_regions: list[Region]) -> str:
+def compose(
+    student_text: str,
+    reference_code: list[list[str]],
+    keep: set[str] | None,
+    where: str,
+    reference_regions: list[Region],
+) -> str:
     """The student's file with every region of a lab not in ``keep`` filled
     with the reference's code (``keep=None``: the student's code everywhere)."""
     regions = find_regions(student_text.splitlines(), where)
     check_same_regions(regions, reference_regions, where)
     if keep is None:
         return student_text
-    return splice(student_text, {k: reference_code[k] for k, r in enumerate(regions)
-                                 if r.lab not in keep}, where)
+    return splice(
+        student_text,
+        {k: reference_code[k] for k, r in enumerate(regions) if r.lab not in keep},
+        where,
+    )
 
 
 def stale_files(labs_dir: Path) -> list[str]:
@@ -382,10 +416,18 @@ def stale_files(labs_dir: Path) -> list[str]:
 def has_student_code(path: Path, fresh: str) -> bool:
     """Whether the file's regions hold anything but stubs: comments (hints,
     old or new) and the ``raise NotImplementedError`` do not count."""
+
     def code(lines: list[str]) -> list[list[str]]:
-        return [[line for line in region if line.strip() and not line.lstrip().startswith("#")
-                 and not line.lstrip().startswith("raise NotImplementedError(")]
-                for region in region_code(lines, find_regions(lines, str(path)))]
+        return [
+            [
+                line
+                for line in region
+                if line.strip()
+                and not line.lstrip().startswith("#")
+                and not line.lstrip().startswith("raise NotImplementedError(")
+            ]
+            for region in region_code(lines, find_regions(lines, str(path)))
+        ]
 
     try:
         return code(path.read_text().splitlines()) != code(fresh.splitlines())

@@ -31,12 +31,21 @@ SINGLE_FILE_KINDS = {"kv_sizing": (kv_sizing, kv_sizing.RECORDING)}
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mini_vllm.oracle")
     parser.add_argument("command", choices=["record"])
-    parser.add_argument("--only", choices=sorted([*KINDS, *SINGLE_FILE_KINDS]), default=None,
-                        help="record only these snapshots")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="where to write (needs --only; default: the committed folder)")
-    parser.add_argument("--check", action="store_true",
-                        help="compare with the committed files instead of writing")
+    parser.add_argument(
+        "--only",
+        choices=sorted([*KINDS, *SINGLE_FILE_KINDS]),
+        default=None,
+        help="record only these snapshots",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write (needs --only; default: the committed folder)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="compare with the committed files instead of writing"
+    )
     args = parser.parse_args(argv)
     if args.out is not None and args.only is None:
         parser.error("--out needs --only (the kinds live in different folders)")
@@ -49,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             module, scenarios = KINDS[kind]
             out = args.out or module.SNAPSHOT_DIR
-            files = [(out / f"{w.name}.json", lambda module=module, w=w: module.dumps(module.record(w)))
-                     for w in scenarios]
+            files = [
+                (out / f"{w.name}.json", lambda module=module, w=w: module.dumps(module.record(w)))
+                for w in scenarios
+            ]
         out.mkdir(parents=True, exist_ok=True)
         for path, make_text in files:
             text = make_text()

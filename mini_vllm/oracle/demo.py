@@ -27,14 +27,19 @@ def render(trace: dict) -> list[str]:
         done = [f"{r}({reason})" for r, _, reason, _ in step["outputs"] if reason]
         if done:
             notes.append(f"finished {','.join(done)}")
-        lines.append(f"{i:>4}  {step['free_blocks']:>4}  {' '.join(parts) or '-':<40} {'; '.join(notes)}")
+        lines.append(
+            f"{i:>4}  {step['free_blocks']:>4}  {' '.join(parts) or '-':<40} {'; '.join(notes)}"
+        )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mini_vllm.oracle.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--scenario", default="preemption_fcfs",
-                        choices=[w.name for w in SCENARIOS])
+    parser = argparse.ArgumentParser(
+        prog="python -m mini_vllm.oracle.demo", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--scenario", default="preemption_fcfs", choices=[w.name for w in SCENARIOS]
+    )
     args = parser.parse_args(argv)
     workload = get_scenario(args.scenario)
     print(f"scenario {workload.name}: {len(workload.requests)} requests, config {workload.config}")

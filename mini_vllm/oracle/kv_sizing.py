@@ -23,7 +23,9 @@ from types import SimpleNamespace
 
 from mini_vllm.benchmarks.kv_memory import GIB, load_model_configs
 
-RECORDING = Path(__file__).resolve().parents[2] / "tests" / "snapshots" / "kv_sizing" / "upstream.json"
+RECORDING = (
+    Path(__file__).resolve().parents[2] / "tests" / "snapshots" / "kv_sizing" / "upstream.json"
+)
 
 # (available_memory bytes, max_model_len, num_gpu_blocks_override)
 BUDGETS = [
@@ -41,12 +43,19 @@ def cases() -> list[dict]:
         for block_size in (16, 32):
             for dtype in sorted({cfg["torch_dtype"], "float32"}):
                 for available, max_model_len, override in BUDGETS:
-                    out.append({"model": cfg["name"], "num_layers": cfg["num_hidden_layers"],
-                                "num_kv_heads": cfg["num_key_value_heads"],
-                                "head_size": cfg["head_dim"], "dtype": dtype,
-                                "block_size": block_size, "available_memory": available,
-                                "max_model_len": max_model_len,
-                                "num_gpu_blocks_override": override})
+                    out.append(
+                        {
+                            "model": cfg["name"],
+                            "num_layers": cfg["num_hidden_layers"],
+                            "num_kv_heads": cfg["num_key_value_heads"],
+                            "head_size": cfg["head_dim"],
+                            "dtype": dtype,
+                            "block_size": block_size,
+                            "available_memory": available,
+                            "max_model_len": max_model_len,
+                            "num_gpu_blocks_override": override,
+                        }
+                    )
     return out
 
 
@@ -55,27 +64,40 @@ def upstream_sizing(case: dict) -> dict:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     import torch
     import vllm
-    from vllm.v1.core.kv_cache_utils import (get_kv_cache_config_from_groups,
-                                             get_max_concurrency_for_kv_cache_config)
+    from vllm.v1.core.kv_cache_utils import (
+        get_kv_cache_config_from_groups,
+        get_max_concurrency_for_kv_cache_config,
+    )
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 
-    spec = FullAttentionSpec(block_size=case["block_size"], num_kv_heads=case["num_kv_heads"],
-                             head_size=case["head_size"], dtype=getattr(torch, case["dtype"]))
+    spec = FullAttentionSpec(
+        block_size=case["block_size"],
+        num_kv_heads=case["num_kv_heads"],
+        head_size=case["head_size"],
+        dtype=getattr(torch, case["dtype"]),
+    )
     # The three VllmConfig fields these functions read, and nothing else.
     vllm_config = SimpleNamespace(
         model_config=SimpleNamespace(max_model_len=case["max_model_len"]),
-        parallel_config=SimpleNamespace(decode_context_parallel_size=1,
-                                        prefill_context_parallel_size=1),
-        cache_config=SimpleNamespace(num_gpu_blocks_override=case["num_gpu_blocks_override"]))
-    groups = [KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn"
-                                for i in range(case["num_layers"])], spec)]
+        parallel_config=SimpleNamespace(
+            decode_context_parallel_size=1, prefill_context_parallel_size=1
+        ),
+        cache_config=SimpleNamespace(num_gpu_blocks_override=case["num_gpu_blocks_override"]),
+    )
+    groups = [
+        KVCacheGroupSpec(
+            [f"model.layers.{i}.self_attn.attn" for i in range(case["num_layers"])], spec
+        )
+    ]
     config = get_kv_cache_config_from_groups(vllm_config, groups, case["available_memory"])
-    return {"vllm_version": vllm.__version__,
-            "page_size_bytes": spec.page_size_bytes,
-            "max_memory_usage_bytes": spec.max_memory_usage_bytes(vllm_config),
-            "num_blocks": config.num_blocks,
-            "kv_cache_tensor_bytes": sum(t.size for t in config.kv_cache_tensors),
-            "max_concurrency": get_max_concurrency_for_kv_cache_config(vllm_config, config)}
+    return {
+        "vllm_version": vllm.__version__,
+        "page_size_bytes": spec.page_size_bytes,
+        "max_memory_usage_bytes": spec.max_memory_usage_bytes(vllm_config),
+        "num_blocks": config.num_blocks,
+        "kv_cache_tensor_bytes": sum(t.size for t in config.kv_cache_tensors),
+        "max_concurrency": get_max_concurrency_for_kv_cache_config(vllm_config, config),
+    }
 
 
 def record() -> list[dict]:

@@ -31,19 +31,25 @@ def kv_configs(draw) -> dict:
     # From "one max_model_len request barely fits" to roomy, weighted
     # toward tight pools so that allocations fail and blocks get evicted.
     low = cdiv(max_model_len, block_size) + 1
-    num_blocks = draw(st.integers(low, low + 2) | st.integers(low, 3 * low)
-                      | st.integers(2, low))
-    return {"block_size": block_size, "num_blocks": num_blocks,
-            "max_model_len": max_model_len,
-            "enable_caching": draw(st.sampled_from([True, True, True, False]))}
+    num_blocks = draw(st.integers(low, low + 2) | st.integers(low, 3 * low) | st.integers(2, low))
+    return {
+        "block_size": block_size,
+        "num_blocks": num_blocks,
+        "max_model_len": max_model_len,
+        "enable_caching": draw(st.sampled_from([True, True, True, False])),
+    }
 
 
 @st.composite
 def kv_workloads(draw, max_ops: int = 60) -> KVWorkload:
     config = draw(kv_configs())
     bs, mml = config["block_size"], config["max_model_len"]
-    prefixes = draw(st.lists(st.lists(st.integers(1, 50), min_size=bs, max_size=4 * bs + 3),
-                             min_size=1, max_size=3), label="shared prefixes")
+    prefixes = draw(
+        st.lists(
+            st.lists(st.integers(1, 50), min_size=bs, max_size=4 * bs + 3), min_size=1, max_size=3
+        ),
+        label="shared prefixes",
+    )
     requests = []
     for i in range(draw(st.integers(1, 8), label="number of requests")):
         prefix = draw(st.sampled_from(prefixes)) if draw(st.booleans()) else []
@@ -69,8 +75,10 @@ def kv_workloads(draw, max_ops: int = 60) -> KVWorkload:
         request = driver.requests[req_id]
         holds = bool(mgr.req_to_blocks.get(req_id))
         left = request.num_tokens - request.num_computed_tokens
-        move = draw(st.sampled_from(["step", "step", "step", "step", "free", "preempt", "reset"]),
-                    label="move")
+        move = draw(
+            st.sampled_from(["step", "step", "step", "step", "free", "preempt", "reset"]),
+            label="move",
+        )
         if move == "reset":
             run(["reset_prefix_cache"])
         elif move in ("free", "preempt"):
@@ -89,8 +97,11 @@ def kv_workloads(draw, max_ops: int = 60) -> KVWorkload:
         elif request.num_tokens < mml:
             run(["append", req_id, 1])
             lookahead = draw(st.sampled_from([0, 0, 0, 1, 3]), label="lookahead")
-            run(["allocate", req_id, 1, {"lookahead": lookahead}] if lookahead
-                else ["allocate", req_id, 1])
+            run(
+                ["allocate", req_id, 1, {"lookahead": lookahead}]
+                if lookahead
+                else ["allocate", req_id, 1]
+            )
         else:
             run(["free", req_id])
             finished.add(req_id)

@@ -54,9 +54,12 @@ class KVWorkload:
 
     @classmethod
     def from_dict(cls, d: dict) -> KVWorkload:
-        return cls(name=d["name"], config=dict(d["config"]),
-                   requests=[[r, list(p)] for r, p in d["requests"]],
-                   ops=[list(op) for op in d["ops"]])
+        return cls(
+            name=d["name"],
+            config=dict(d["config"]),
+            requests=[[r, list(p)] for r, p in d["requests"]],
+            ops=[list(op) for op in d["ops"]],
+        )
 
 
 def sampled_token(req_id: str, index: int) -> int:
@@ -71,8 +74,12 @@ def describe_op(op: list) -> str:
         return f"get_computed_blocks({op[1]})"
     if kind == "allocate":
         opts = op[3] if len(op) > 3 else {}
-        extra = "".join([f", num_lookahead_tokens={opts['lookahead']}" if opts.get("lookahead") else "",
-                         ", full_sequence_must_fit=True" if opts.get("must_fit") else ""])
+        extra = "".join(
+            [
+                f", num_lookahead_tokens={opts['lookahead']}" if opts.get("lookahead") else "",
+                ", full_sequence_must_fit=True" if opts.get("must_fit") else "",
+            ]
+        )
         return f"allocate_slots({op[1]}, num_new_tokens={op[2]}{extra})"
     if kind == "append":
         what = f"{op[2]} sampled tokens" if isinstance(op[2], int) else f"tokens {op[2]}"
@@ -91,6 +98,7 @@ def walk_free_queue(queue, limit: int) -> list[int] | str:
     ``next_free_block`` from the fake head; then the same walk backwards.
     A broken list (a cycle, a dead end, links that disagree) is described
     in words instead, so a trace never hangs on it."""
+
     def walk(start, attr, end) -> list[int] | str:
         ids, curr = [], getattr(start, attr)
         while curr is not end:
@@ -120,11 +128,18 @@ def pool_state(pool, tables: dict, num_cached_block: dict, stats) -> dict:
         "free_queue": walk_free_queue(pool.free_block_queue, len(pool.blocks) + 1),
         "ref_cnts": [b.ref_cnt for b in pool.blocks],
         "cached_blocks": [b.block_id for b in pool.blocks if b.block_hash is not None],
-        "tables": {r: [b.block_id for b in blocks] for r, blocks in sorted(tables.items())
-                   if blocks},
+        "tables": {
+            r: [b.block_id for b in blocks] for r, blocks in sorted(tables.items()) if blocks
+        },
         "num_cached_block": dict(sorted(num_cached_block.items())),
-        "stats": [stats.requests, stats.queries, stats.hits, stats.preempted_requests,
-                  stats.preempted_queries, stats.preempted_hits],
+        "stats": [
+            stats.requests,
+            stats.queries,
+            stats.hits,
+            stats.preempted_requests,
+            stats.preempted_queries,
+            stats.preempted_hits,
+        ],
     }
 
 
@@ -133,16 +148,25 @@ class KVDriver:
     engine of ``run_kv_workload``, and of the workload generator, which
     needs to see every operation's outcome before it draws the next."""
 
-    def __init__(self, backend, config: dict, requests: list, manager=None,
-                 make_request: Callable | None = None) -> None:
+    def __init__(
+        self,
+        backend,
+        config: dict,
+        requests: list,
+        manager=None,
+        make_request: Callable | None = None,
+    ) -> None:
         self.backend = backend
         self.manager = manager or backend.create_kv_cache_manager(**config)
         block_size = config["block_size"]
         if make_request is None:
+
             def make_request(req_id, prompt):
                 (request,) = backend.create_requests(
-                    1, req_ids=[req_id], prompt_token_ids=[prompt], block_size=block_size)
+                    1, req_ids=[req_id], prompt_token_ids=[prompt], block_size=block_size
+                )
                 return request
+
         self.requests = {r: make_request(r, list(p)) for r, p in requests}
         # request id -> (hit blocks, hit tokens) of its last lookup, kept for
         # its next allocate.
@@ -160,16 +184,23 @@ class KVDriver:
             opts = args[2] if len(args) > 2 else {}
             blocks, hit_tokens = self.pending.pop(args[0], (None, 0))
             new = mgr.allocate_slots(
-                request, args[1], num_new_computed_tokens=hit_tokens, new_computed_blocks=blocks,
+                request,
+                args[1],
+                num_new_computed_tokens=hit_tokens,
+                new_computed_blocks=blocks,
                 num_lookahead_tokens=opts.get("lookahead", 0),
-                full_sequence_must_fit=opts.get("must_fit", False))
+                full_sequence_must_fit=opts.get("must_fit", False),
+            )
             if new is not None:
                 request.num_computed_tokens += hit_tokens + args[1]
                 result = list(new.get_block_ids()[0])
         elif kind == "append":
             request = self.requests[args[0]]
-            tokens = args[1] if isinstance(args[1], list) else [
-                sampled_token(args[0], request.num_output_tokens + i) for i in range(args[1])]
+            tokens = (
+                args[1]
+                if isinstance(args[1], list)
+                else [sampled_token(args[0], request.num_output_tokens + i) for i in range(args[1])]
+            )
             for token in tokens:
                 request.append_output_token_ids(token)
         elif kind in ("free", "preempt"):
@@ -187,14 +218,18 @@ class KVDriver:
 
     def final(self) -> dict:
         return {
-            r: {"num_tokens": req.num_tokens, "num_computed_tokens": req.num_computed_tokens,
-                "block_hashes": [bytes(h).hex() for h in req.block_hashes]}
+            r: {
+                "num_tokens": req.num_tokens,
+                "num_computed_tokens": req.num_computed_tokens,
+                "block_hashes": [bytes(h).hex() for h in req.block_hashes],
+            }
             for r, req in sorted(self.requests.items())
         }
 
 
-def run_kv_workload(backend, workload: KVWorkload, manager=None,
-                    make_request: Callable | None = None) -> dict:
+def run_kv_workload(
+    backend, workload: KVWorkload, manager=None, make_request: Callable | None = None
+) -> dict:
     """Run the operations and return the trace: one record per operation,
     then each request's final token count, computed tokens and block hashes.
 
@@ -215,12 +250,16 @@ FIELD_WORDS = {
     "tables": "block tables (request -> block ids)",
     "num_cached_block": "num_cached_block (request -> leading blocks already cached)",
     "stats": "prefix-cache stats [requests, queries, hits, preempted requests, "
-             "preempted queries, preempted hits]",
+    "preempted queries, preempted hits]",
 }
 
 
-def first_kv_difference(expected: dict, got: dict, labels=("upstream", "mini_vllm"),
-                        fields: tuple[str, ...] | None = None) -> str | None:
+def first_kv_difference(
+    expected: dict,
+    got: dict,
+    labels=("upstream", "mini_vllm"),
+    fields: tuple[str, ...] | None = None,
+) -> str | None:
     """None if the traces agree, else the first operation and field that
     differ, in words (``expected`` is the upstream or reference side)."""
     a, b = labels
@@ -230,22 +269,33 @@ def first_kv_difference(expected: dict, got: dict, labels=("upstream", "mini_vll
     for i, (e, g) in enumerate(zip(expected["ops"], got["ops"])):
         for key in keys:
             if e.get(key) != g.get(key):
-                before = "" if prev is None else (
-                    f"\n  before it (both agreed): free queue {prev['free_queue']}, "
-                    f"tables {prev['tables']}, cached blocks {prev['cached_blocks']}")
-                return (f"operation {i}, {describe_op(e['op'])}: {FIELD_WORDS[key]} differ.\n"
-                        f"  {a:<{width}}: {e.get(key)}\n  {b:<{width}}: {g.get(key)}{before}")
+                before = (
+                    ""
+                    if prev is None
+                    else (
+                        f"\n  before it (both agreed): free queue {prev['free_queue']}, "
+                        f"tables {prev['tables']}, cached blocks {prev['cached_blocks']}"
+                    )
+                )
+                return (
+                    f"operation {i}, {describe_op(e['op'])}: {FIELD_WORDS[key]} differ.\n"
+                    f"  {a:<{width}}: {e.get(key)}\n  {b:<{width}}: {g.get(key)}{before}"
+                )
         prev = e
     if len(expected["ops"]) != len(got["ops"]):
         return f"{a} recorded {len(expected['ops'])} operations but {b} {len(got['ops'])}."
     for req_id, e in expected["final"].items():
         g = got["final"].get(req_id)
         if e != g:
-            for key, words in [("num_tokens", "token count"),
-                               ("num_computed_tokens", "computed tokens"),
-                               ("block_hashes", "block hashes (hex)")]:
+            for key, words in [
+                ("num_tokens", "token count"),
+                ("num_computed_tokens", "computed tokens"),
+                ("block_hashes", "block hashes (hex)"),
+            ]:
                 if g is None or e[key] != g.get(key):
-                    return (f"at the end, request {req_id!r}: {words} differ.\n"
-                            f"  {a:<{width}}: {e[key]}\n  {b:<{width}}: "
-                            f"{None if g is None else g.get(key)}")
+                    return (
+                        f"at the end, request {req_id!r}: {words} differ.\n"
+                        f"  {a:<{width}}: {e[key]}\n  {b:<{width}}: "
+                        f"{None if g is None else g.get(key)}"
+                    )
     return None

@@ -27,8 +27,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mini_vllm.config import (AttentionConfig, CacheConfig, DeviceConfig, ModelConfig,
-                              SchedulerConfig, VllmConfig)
+from mini_vllm.config import (
+    AttentionConfig,
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
 from mini_vllm.sampling_params import SamplingParams
 
 PROMPTS = {
@@ -42,20 +48,32 @@ MAX_TOKENS = 20
 ABORT_AFTER_STEP = 4
 
 
-def make_engine(loaded, *, num_gpu_blocks: int = 6, block_size: int = 16,
-                max_model_len: int = 64, max_num_batched_tokens: int = 64,
-                engine_cls=None, device: str | None = None):
+def make_engine(
+    loaded,
+    *,
+    num_gpu_blocks: int = 6,
+    block_size: int = 16,
+    max_model_len: int = 64,
+    max_num_batched_tokens: int = 64,
+    engine_cls=None,
+    device: str | None = None,
+):
     """An LLMEngine on already-loaded weights, with a small KV cache."""
     from mini_vllm.engine.llm_engine import LLMEngine
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = VllmConfig(
         model_config=ModelConfig(max_model_len=max_model_len, model="smollm2", dtype="float32"),
-        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=True,
-                                 num_gpu_blocks_override=num_gpu_blocks),
-        scheduler_config=SchedulerConfig(max_num_seqs=8,
-                                         max_num_batched_tokens=max_num_batched_tokens,
-                                         enable_chunked_prefill=True),
+        cache_config=CacheConfig(
+            block_size=block_size,
+            enable_prefix_caching=True,
+            num_gpu_blocks_override=num_gpu_blocks,
+        ),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=True,
+        ),
         device_config=DeviceConfig(device=device),
         attention_config=AttentionConfig(backend="torch"),
     )
@@ -66,7 +84,7 @@ def make_engine(loaded, *, num_gpu_blocks: int = 6, block_size: int = 16,
 class Workload:
     prompts: dict[str, str]
     params: dict[str, SamplingParams]
-    aborts: dict[int, list[str]] = field(default_factory=dict)   # after step N: abort ids
+    aborts: dict[int, list[str]] = field(default_factory=dict)  # after step N: abort ids
 
 
 def lifecycle_workload(loaded) -> Workload:
@@ -88,9 +106,9 @@ def lifecycle_workload(loaded) -> Workload:
     tok = probe.tokenizer
     ids = done["stop_string"].token_ids
     before, upto = tok.decode(ids[:4]), tok.decode(ids[:5])
-    stop_string = upto[len(before) - 1:len(before) + 1] if len(upto) > len(before) else upto
+    stop_string = upto[len(before) - 1 : len(before) + 1] if len(upto) > len(before) else upto
     if not stop_string.strip():
-        stop_string = upto[len(before):] or upto
+        stop_string = upto[len(before) :] or upto
     base = dict(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     params = {
         "length": SamplingParams(**base),
@@ -105,13 +123,13 @@ def lifecycle_workload(loaded) -> Workload:
 @dataclass
 class StepRecord:
     step: int
-    statuses: dict[str, str]                    # request id -> RequestStatus name
-    scheduled: dict[str, int]                   # SchedulerOutput.num_scheduled_tokens
+    statuses: dict[str, str]  # request id -> RequestStatus name
+    scheduled: dict[str, int]  # SchedulerOutput.num_scheduled_tokens
     preempted: list[str]
-    finished_in_core: list[str]                 # SchedulerOutput.finished_req_ids
-    new_token_ids: dict[str, list[int]]         # EngineCoreOutput per request
-    core_finish: dict[str, str]                 # finish reasons EngineCore reported
-    text: dict[str, str]                        # RequestOutput text so far
+    finished_in_core: list[str]  # SchedulerOutput.finished_req_ids
+    new_token_ids: dict[str, list[int]]  # EngineCoreOutput per request
+    core_finish: dict[str, str]  # finish reasons EngineCore reported
+    text: dict[str, str]  # RequestOutput text so far
     finish_reason: dict[str, str | None]
     stop_reason: dict[str, int | str | None]
     free_blocks: int
@@ -140,8 +158,21 @@ def trace_run(engine, workload: Workload, max_steps: int = 500) -> list[StepReco
 
     sched.schedule, core.step = schedule, core_step
     pool = sched.kv_cache_manager.block_pool
-    records = [StepRecord(0, {r: requests[r].status.name for r in requests}, {}, [], [], {}, {},
-                          {}, {}, {}, pool.get_num_free_blocks())]
+    records = [
+        StepRecord(
+            0,
+            {r: requests[r].status.name for r in requests},
+            {},
+            [],
+            [],
+            {},
+            {},
+            {},
+            {},
+            {},
+            pool.get_num_free_blocks(),
+        )
+    ]
     try:
         step = 0
         while engine.has_unfinished_requests():
@@ -152,17 +183,24 @@ def trace_run(engine, workload: Workload, max_steps: int = 500) -> list[StepReco
             outputs = engine.step()
             so, co = seen.get("sched"), seen.get("core")
             rec = StepRecord(
-                step, {r: requests[r].status.name for r in requests},
+                step,
+                {r: requests[r].status.name for r in requests},
                 dict(so.num_scheduled_tokens) if so else {},
                 sorted(so.preempted_req_ids or ()) if so else [],
                 sorted(so.finished_req_ids) if so else [],
                 {o.request_id: list(o.new_token_ids) for o in co.outputs} if co else {},
-                {o.request_id: str(o.finish_reason) for o in co.outputs
-                 if o.finish_reason is not None} if co else {},
+                {
+                    o.request_id: str(o.finish_reason)
+                    for o in co.outputs
+                    if o.finish_reason is not None
+                }
+                if co
+                else {},
                 {o.request_id: o.outputs[0].text for o in outputs},
                 {o.request_id: o.outputs[0].finish_reason for o in outputs},
                 {o.request_id: o.outputs[0].stop_reason for o in outputs},
-                pool.get_num_free_blocks())
+                pool.get_num_free_blocks(),
+            )
             for rid in workload.aborts.get(step, []):
                 engine.abort_request(rid)
                 rec.statuses[rid] = requests[rid].status.name
@@ -179,8 +217,11 @@ def final_outputs(records: list[StepRecord]) -> dict[str, dict]:
     for rec in records:
         for rid in rec.text:
             out.setdefault(rid, {})
-            out[rid].update(text=rec.text[rid], finish_reason=rec.finish_reason[rid],
-                            stop_reason=rec.stop_reason[rid])
+            out[rid].update(
+                text=rec.text[rid],
+                finish_reason=rec.finish_reason[rid],
+                stop_reason=rec.stop_reason[rid],
+            )
         for rid, status in rec.statuses.items():
             out.setdefault(rid, {})["status"] = status
     return out
@@ -196,8 +237,9 @@ def student_engine(impl, loaded, monkeypatch, **config):
     import mini_vllm.engine.output_processor as output_processor
 
     monkeypatch.setattr(input_processor, "Request", impl.request.Request)
-    monkeypatch.setattr(output_processor, "IncrementalDetokenizer",
-                        impl.detokenizer.IncrementalDetokenizer)
+    monkeypatch.setattr(
+        output_processor, "IncrementalDetokenizer", impl.detokenizer.IncrementalDetokenizer
+    )
     engine = make_engine(loaded, engine_cls=impl.llm_engine.LLMEngine, **config)
     # LLMEngine.__init__ (no lab) builds the reference EngineCore; the
     # student's class subclasses it and re-opens only step().
@@ -205,12 +247,23 @@ def student_engine(impl, loaded, monkeypatch, **config):
     return engine
 
 
-FIELDS = ("statuses", "scheduled", "preempted", "finished_in_core", "new_token_ids",
-          "core_finish", "text", "finish_reason", "stop_reason", "free_blocks")
+FIELDS = (
+    "statuses",
+    "scheduled",
+    "preempted",
+    "finished_in_core",
+    "new_token_ids",
+    "core_finish",
+    "text",
+    "finish_reason",
+    "stop_reason",
+    "free_blocks",
+)
 
 
-def first_difference(expected: list[StepRecord], got: list[StepRecord],
-                     fields=FIELDS) -> str | None:
+def first_difference(
+    expected: list[StepRecord], got: list[StepRecord], fields=FIELDS
+) -> str | None:
     """The first step and field where two traces differ, in words; None if equal."""
     for e, g in zip(expected, got):
         for name in fields:
@@ -220,12 +273,16 @@ def first_difference(expected: list[StepRecord], got: list[StepRecord],
             where = f"after step {e.step}" if e.step else "after add_request (before step 1)"
             if isinstance(ev, dict) and isinstance(gv, dict):
                 k = next(k for k in sorted(set(ev) | set(gv)) if ev.get(k) != gv.get(k))
-                return (f"{where}, {name}[{k!r}]: the reference has {ev.get(k, '(absent)')!r}, "
-                        f"yours {gv.get(k, '(absent)')!r}")
+                return (
+                    f"{where}, {name}[{k!r}]: the reference has {ev.get(k, '(absent)')!r}, "
+                    f"yours {gv.get(k, '(absent)')!r}"
+                )
             return f"{where}, {name}: the reference has {ev!r}, yours {gv!r}"
     if len(expected) != len(got):
-        return (f"the reference's run took {len(expected) - 1} steps and yours {len(got) - 1} "
-                f"(the first {min(len(expected), len(got)) - 1} agree)")
+        return (
+            f"the reference's run took {len(expected) - 1} steps and yours {len(got) - 1} "
+            f"(the first {min(len(expected), len(got)) - 1} agree)"
+        )
     return None
 
 

@@ -30,95 +30,173 @@ GATE_REQUESTS = [
 SCENARIOS: list[Workload] = [
     Workload(
         "chunked_prefill",
-        dict(block_size=16, num_blocks=64, max_num_batched_tokens=48, max_num_seqs=4,
-             max_model_len=256),
-        [RequestSpec("a", _prompt(1, 100), max_tokens=4),
-         RequestSpec("b", _prompt(2, 30), max_tokens=6),
-         RequestSpec("c", _prompt(3, 70), max_tokens=3, arrive_step=2)],
+        dict(
+            block_size=16,
+            num_blocks=64,
+            max_num_batched_tokens=48,
+            max_num_seqs=4,
+            max_model_len=256,
+        ),
+        [
+            RequestSpec("a", _prompt(1, 100), max_tokens=4),
+            RequestSpec("b", _prompt(2, 30), max_tokens=6),
+            RequestSpec("c", _prompt(3, 70), max_tokens=3, arrive_step=2),
+        ],
     ),
     Workload(
         "no_chunked_prefill",
-        dict(block_size=16, num_blocks=64, max_num_batched_tokens=128, max_num_seqs=4,
-             max_model_len=128, enable_chunked_prefill=False),
-        [RequestSpec("a", _prompt(1, 100), max_tokens=3),
-         RequestSpec("b", _prompt(2, 60), max_tokens=3),
-         RequestSpec("c", _prompt(3, 20), max_tokens=3)],
+        dict(
+            block_size=16,
+            num_blocks=64,
+            max_num_batched_tokens=128,
+            max_num_seqs=4,
+            max_model_len=128,
+            enable_chunked_prefill=False,
+        ),
+        [
+            RequestSpec("a", _prompt(1, 100), max_tokens=3),
+            RequestSpec("b", _prompt(2, 60), max_tokens=3),
+            RequestSpec("c", _prompt(3, 20), max_tokens=3),
+        ],
     ),
     Workload(
         "long_prefill_threshold",
-        dict(block_size=8, num_blocks=64, max_num_batched_tokens=64, max_num_seqs=4,
-             max_model_len=128, long_prefill_token_threshold=12),
-        [RequestSpec("a", _prompt(1, 50), max_tokens=3),
-         RequestSpec("b", _prompt(2, 9), max_tokens=3),
-         RequestSpec("c", _prompt(3, 30), max_tokens=3)],
+        dict(
+            block_size=8,
+            num_blocks=64,
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            max_model_len=128,
+            long_prefill_token_threshold=12,
+        ),
+        [
+            RequestSpec("a", _prompt(1, 50), max_tokens=3),
+            RequestSpec("b", _prompt(2, 9), max_tokens=3),
+            RequestSpec("c", _prompt(3, 30), max_tokens=3),
+        ],
     ),
     Workload(
         "prefix_cache_hits",
-        dict(block_size=16, num_blocks=40, max_num_batched_tokens=256, max_num_seqs=8,
-             max_model_len=256),
-        [RequestSpec("a", SHARED + _prompt(1, 10), max_tokens=5),
-         RequestSpec("b", SHARED + _prompt(2, 20), max_tokens=5),
-         RequestSpec("c", SHARED + _prompt(3, 5), max_tokens=5, arrive_step=3),
-         # Exactly two full blocks: at most one may hit (the last token is recomputed).
-         RequestSpec("d", list(SHARED), max_tokens=5, arrive_step=4)],
+        dict(
+            block_size=16,
+            num_blocks=40,
+            max_num_batched_tokens=256,
+            max_num_seqs=8,
+            max_model_len=256,
+        ),
+        [
+            RequestSpec("a", SHARED + _prompt(1, 10), max_tokens=5),
+            RequestSpec("b", SHARED + _prompt(2, 20), max_tokens=5),
+            RequestSpec("c", SHARED + _prompt(3, 5), max_tokens=5, arrive_step=3),
+            # Exactly two full blocks: at most one may hit (the last token is recomputed).
+            RequestSpec("d", list(SHARED), max_tokens=5, arrive_step=4),
+        ],
     ),
     Workload(
         "prefix_cache_off",
-        dict(block_size=16, num_blocks=40, max_num_batched_tokens=256, max_num_seqs=8,
-             max_model_len=256, enable_prefix_caching=False),
-        [RequestSpec("a", SHARED + _prompt(1, 10), max_tokens=5),
-         RequestSpec("b", SHARED + _prompt(2, 20), max_tokens=5, arrive_step=2)],
+        dict(
+            block_size=16,
+            num_blocks=40,
+            max_num_batched_tokens=256,
+            max_num_seqs=8,
+            max_model_len=256,
+            enable_prefix_caching=False,
+        ),
+        [
+            RequestSpec("a", SHARED + _prompt(1, 10), max_tokens=5),
+            RequestSpec("b", SHARED + _prompt(2, 20), max_tokens=5, arrive_step=2),
+        ],
     ),
     Workload(
         "preemption_fcfs",
-        dict(block_size=4, num_blocks=17, max_num_batched_tokens=64, max_num_seqs=8,
-             max_model_len=64),
-        [RequestSpec(f"r{i}", _prompt(i, 10 + 3 * i), max_tokens=20, ignore_eos=True)
-         for i in range(5)],
+        dict(
+            block_size=4, num_blocks=17, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64
+        ),
+        [
+            RequestSpec(f"r{i}", _prompt(i, 10 + 3 * i), max_tokens=20, ignore_eos=True)
+            for i in range(5)
+        ],
     ),
     Workload(
         "preemption_priority",
-        dict(block_size=4, num_blocks=17, max_num_batched_tokens=64, max_num_seqs=8,
-             max_model_len=64, policy="priority"),
-        [RequestSpec(f"r{i}", _prompt(i, 10 + 3 * i), max_tokens=20, ignore_eos=True,
-                     priority=p, arrive_step=i // 2)
-         for i, p in enumerate([2, 0, 3, 1, 0])],
+        dict(
+            block_size=4,
+            num_blocks=17,
+            max_num_batched_tokens=64,
+            max_num_seqs=8,
+            max_model_len=64,
+            policy="priority",
+        ),
+        [
+            RequestSpec(
+                f"r{i}",
+                _prompt(i, 10 + 3 * i),
+                max_tokens=20,
+                ignore_eos=True,
+                priority=p,
+                arrive_step=i // 2,
+            )
+            for i, p in enumerate([2, 0, 3, 1, 0])
+        ],
     ),
     Workload(
         "admission_gates",
         # max_num_seqs caps the batch; the full-prompt gate holds back a long
         # prompt that would not fit whole even though its first chunk would.
-        dict(block_size=8, num_blocks=16, max_num_batched_tokens=32, max_num_seqs=2,
-             max_model_len=104),
+        dict(
+            block_size=8,
+            num_blocks=16,
+            max_num_batched_tokens=32,
+            max_num_seqs=2,
+            max_model_len=104,
+        ),
         GATE_REQUESTS,
     ),
     Workload(
         "admission_without_full_prompt_gate",
-        dict(block_size=8, num_blocks=16, max_num_batched_tokens=32, max_num_seqs=2,
-             max_model_len=104, scheduler_reserve_full_isl=False),
+        dict(
+            block_size=8,
+            num_blocks=16,
+            max_num_batched_tokens=32,
+            max_num_seqs=2,
+            max_model_len=104,
+            scheduler_reserve_full_isl=False,
+        ),
         GATE_REQUESTS,
     ),
     Workload(
         "stop_conditions",
-        dict(block_size=4, num_blocks=64, max_num_batched_tokens=64, max_num_seqs=8,
-             max_model_len=40),
-        [RequestSpec("eos", _prompt(1, 6), max_tokens=10, eos_at=2),
-         RequestSpec("eos_ignored", _prompt(2, 6), max_tokens=5, eos_at=1, ignore_eos=True),
-         RequestSpec("eos_before_min_tokens", _prompt(3, 6), max_tokens=10, eos_at=1,
-                     min_tokens=3),
-         RequestSpec("stop_token", _prompt(4, 6), max_tokens=10, stop_token_ids=[7, 9],
-                     stop_at=3),
-         RequestSpec("max_tokens", _prompt(5, 6), max_tokens=4),
-         RequestSpec("max_model_len", _prompt(6, 30), max_tokens=50)],
+        dict(
+            block_size=4, num_blocks=64, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=40
+        ),
+        [
+            RequestSpec("eos", _prompt(1, 6), max_tokens=10, eos_at=2),
+            RequestSpec("eos_ignored", _prompt(2, 6), max_tokens=5, eos_at=1, ignore_eos=True),
+            RequestSpec(
+                "eos_before_min_tokens", _prompt(3, 6), max_tokens=10, eos_at=1, min_tokens=3
+            ),
+            RequestSpec(
+                "stop_token", _prompt(4, 6), max_tokens=10, stop_token_ids=[7, 9], stop_at=3
+            ),
+            RequestSpec("max_tokens", _prompt(5, 6), max_tokens=4),
+            RequestSpec("max_model_len", _prompt(6, 30), max_tokens=50),
+        ],
     ),
     Workload(
         "aborts",
-        dict(block_size=8, num_blocks=40, max_num_batched_tokens=32, max_num_seqs=2,
-             max_model_len=128),
-        [RequestSpec("running", _prompt(1, 20), max_tokens=10, abort_step=3),
-         RequestSpec("mid_prefill", _prompt(2, 60), max_tokens=10, abort_step=1),
-         RequestSpec("waiting", _prompt(3, 20), max_tokens=10, abort_step=2),
-         RequestSpec("survivor", _prompt(4, 20), max_tokens=6)],
+        dict(
+            block_size=8,
+            num_blocks=40,
+            max_num_batched_tokens=32,
+            max_num_seqs=2,
+            max_model_len=128,
+        ),
+        [
+            RequestSpec("running", _prompt(1, 20), max_tokens=10, abort_step=3),
+            RequestSpec("mid_prefill", _prompt(2, 60), max_tokens=10, abort_step=1),
+            RequestSpec("waiting", _prompt(3, 20), max_tokens=10, abort_step=2),
+            RequestSpec("survivor", _prompt(4, 20), max_tokens=6),
+        ],
     ),
 ]
 

@@ -27,9 +27,11 @@ def scheduler_configs(draw) -> dict:
     # From "exactly one max_model_len request fits" to plenty, weighted
     # toward tight caches so that preemption is common.
     min_blocks = cdiv(max_model_len, block_size) + 1
-    num_blocks = draw(st.integers(min_blocks, min_blocks + 3)
-                      | st.integers(min_blocks, 2 * min_blocks)
-                      | st.integers(min_blocks, 6 * min_blocks))
+    num_blocks = draw(
+        st.integers(min_blocks, min_blocks + 3)
+        | st.integers(min_blocks, 2 * min_blocks)
+        | st.integers(min_blocks, 6 * min_blocks)
+    )
     return {
         "block_size": block_size,
         "max_model_len": max_model_len,
@@ -48,8 +50,9 @@ def scheduler_configs(draw) -> dict:
 def workloads(draw) -> Workload:
     config = draw(scheduler_configs())
     max_model_len = config["max_model_len"]
-    prefixes = draw(st.lists(
-        st.lists(st.integers(1, 999), min_size=1, max_size=48), min_size=0, max_size=3))
+    prefixes = draw(
+        st.lists(st.lists(st.integers(1, 999), min_size=1, max_size=48), min_size=0, max_size=3)
+    )
     n = draw(st.integers(1, 4) | st.integers(4, 20))
     requests = []
     for i in range(n):
@@ -58,20 +61,23 @@ def workloads(draw) -> Workload:
         prompt = (prefix + suffix)[: max_model_len - 1] or [draw(st.integers(1, 999))]
         max_tokens = draw(st.integers(1, 64))
         stop = draw(st.sampled_from([[], [], [7], [7, 9]]))
-        requests.append(RequestSpec(
-            req_id=f"req-{i}",
-            prompt_token_ids=prompt,
-            max_tokens=max_tokens,
-            arrive_step=draw(st.sampled_from([0, 0, 0, 1, 2, 5, 12])),
-            priority=draw(st.integers(0, 3)),
-            # min_tokens must fit: len(prompt) + min_tokens <= max_model_len
-            # (upstream livelocks otherwise; see the test below).
-            min_tokens=min(draw(st.sampled_from([0, 0, 0, 1, 4])), max_tokens,
-                           max_model_len - len(prompt)),
-            ignore_eos=draw(st.booleans()),
-            stop_token_ids=stop,
-            eos_at=draw(st.sampled_from([None, None, None, 0, 1, 5, 20])),
-            stop_at=draw(st.sampled_from([None, None, 0, 3, 15])) if stop else None,
-            abort_step=draw(st.none() | st.none() | st.none() | st.integers(0, 20)),
-        ))
+        requests.append(
+            RequestSpec(
+                req_id=f"req-{i}",
+                prompt_token_ids=prompt,
+                max_tokens=max_tokens,
+                arrive_step=draw(st.sampled_from([0, 0, 0, 1, 2, 5, 12])),
+                priority=draw(st.integers(0, 3)),
+                # min_tokens must fit: len(prompt) + min_tokens <= max_model_len
+                # (upstream livelocks otherwise; see the test below).
+                min_tokens=min(
+                    draw(st.sampled_from([0, 0, 0, 1, 4])), max_tokens, max_model_len - len(prompt)
+                ),
+                ignore_eos=draw(st.booleans()),
+                stop_token_ids=stop,
+                eos_at=draw(st.sampled_from([None, None, None, 0, 1, 5, 20])),
+                stop_at=draw(st.sampled_from([None, None, 0, 3, 15])) if stop else None,
+                abort_step=draw(st.none() | st.none() | st.none() | st.integers(0, 20)),
+            )
+        )
     return Workload(name="generated", config=config, requests=requests)

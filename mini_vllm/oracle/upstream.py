@@ -30,7 +30,11 @@ import vllm  # noqa: E402
 from torch import nn  # noqa: E402
 from vllm import ModelRegistry  # noqa: E402
 from vllm.config import (  # noqa: E402
-    CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig,
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
 )
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
@@ -38,7 +42,9 @@ from vllm.v1.core import kv_cache_utils  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
 )
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
@@ -49,8 +55,17 @@ VERSION = vllm.__version__
 COMMIT = "0decac0d96c42b49572498019f0a0e3600f50398"
 _ARCH = "MiniVllmSchedulerStandIn"
 
-__all__ = ["EOS_TOKEN_ID", "RequestStatus", "ModelRunnerOutput", "create_scheduler",
-           "create_requests", "create_kv_cache_manager", "manager_state", "VERSION", "COMMIT"]
+__all__ = [
+    "EOS_TOKEN_ID",
+    "RequestStatus",
+    "ModelRunnerOutput",
+    "create_scheduler",
+    "create_requests",
+    "create_kv_cache_manager",
+    "manager_state",
+    "VERSION",
+    "COMMIT",
+]
 
 
 class _StandInModel(nn.Module):
@@ -72,11 +87,20 @@ class _StandInModel(nn.Module):
 ModelRegistry.register_model(_ARCH, _StandInModel)
 _model_dir = tempfile.mkdtemp(prefix="mini_vllm_upstream_model_")
 with open(os.path.join(_model_dir, "config.json"), "w") as f:
-    json.dump({
-        "architectures": [_ARCH], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 64, "num_attention_heads": 1, "num_key_value_heads": 1,
-        "num_hidden_layers": 1, "vocab_size": 65536, "max_position_embeddings": 1 << 20,
-    }, f)
+    json.dump(
+        {
+            "architectures": [_ARCH],
+            "model_type": "llama",
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+            "num_hidden_layers": 1,
+            "vocab_size": 65536,
+            "max_position_embeddings": 1 << 20,
+        },
+        f,
+    )
 
 # Chain block hashes from sha256("0"), as mini_vllm does (upstream reads the
 # seed from PYTHONHASHSEED and is random without it).
@@ -115,24 +139,37 @@ def create_scheduler(
         async_scheduling=False,
     )
     model_config = ModelConfig(
-        model=_model_dir, skip_tokenizer_init=True, max_model_len=max_model_len,
-        dtype="float32", seed=0,
+        model=_model_dir,
+        skip_tokenizer_init=True,
+        max_model_len=max_model_len,
+        dtype="float32",
+        seed=0,
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     vllm_config = VllmConfig(
-        scheduler_config=scheduler_config, model_config=model_config,
-        cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
+        scheduler_config=scheduler_config,
+        model_config=model_config,
+        cache_config=cache_config,
+        device_config=DeviceConfig(device="cpu"),
     )
     asked = {
-        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
         "long_prefill_token_threshold": long_prefill_token_threshold,
-        "enable_chunked_prefill": enable_chunked_prefill, "policy": policy,
+        "enable_chunked_prefill": enable_chunked_prefill,
+        "policy": policy,
         "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
     }
     got = {k: getattr(vllm_config.scheduler_config, k) for k in asked}
-    got_cache = (vllm_config.cache_config.block_size, vllm_config.cache_config.enable_prefix_caching)
-    if got != asked or got_cache != (block_size, enable_prefix_caching) or \
-            vllm_config.model_config.max_model_len != max_model_len:
+    got_cache = (
+        vllm_config.cache_config.block_size,
+        vllm_config.cache_config.enable_prefix_caching,
+    )
+    if (
+        got != asked
+        or got_cache != (block_size, enable_prefix_caching)
+        or vllm_config.model_config.max_model_len != max_model_len
+    ):
         raise RuntimeError(f"vllm rewrote the configuration: asked {asked}, got {got}, {got_cache}")
     kv_cache_config = _kv_cache_config(num_blocks, block_size)
     vllm_config.cache_config.num_gpu_blocks = num_blocks
@@ -150,9 +187,14 @@ def _kv_cache_config(num_blocks: int, block_size: int) -> KVCacheConfig:
     return KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(
-            ["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
-                                         dtype=torch.float32))],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"],
+                FullAttentionSpec(
+                    block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+                ),
+            )
+        ],
     )
 
 
@@ -180,8 +222,12 @@ def manager_state(manager: KVCacheManager) -> dict:
     from mini_vllm.oracle.kv_workload import pool_state
 
     (single,) = manager.coordinator.single_type_managers
-    return pool_state(manager.block_pool, single.req_to_blocks, single.num_cached_block,
-                      manager.prefix_cache_stats)
+    return pool_state(
+        manager.block_pool,
+        single.req_to_blocks,
+        single.num_cached_block,
+        manager.prefix_cache_stats,
+    )
 
 
 def create_requests(
@@ -202,21 +248,25 @@ def create_requests(
     requests = []
     for i in range(num_requests):
         params = SamplingParams(
-            max_tokens=max_tokens, min_tokens=min_tokens,
-            stop_token_ids=stop_token_ids, ignore_eos=ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=ignore_eos,
         )
         params.update_from_generation_config({}, EOS_TOKEN_ID)
         if prompt_token_ids is not None:
             prompt = list(prompt_token_ids[i])
         else:
             prompt = [0 if same_prompt else i] * num_tokens
-        requests.append(Request(
-            request_id=req_ids[i] if req_ids is not None else str(i),
-            prompt_token_ids=prompt,
-            sampling_params=params,
-            pooling_params=None,
-            arrival_time=arrival_times[i] if arrival_times is not None else float(i),
-            priority=priorities[i] if priorities is not None else 0,
-            block_hasher=block_hasher,
-        ))
+        requests.append(
+            Request(
+                request_id=req_ids[i] if req_ids is not None else str(i),
+                prompt_token_ids=prompt,
+                sampling_params=params,
+                pooling_params=None,
+                arrival_time=arrival_times[i] if arrival_times is not None else float(i),
+                priority=priorities[i] if priorities is not None else 0,
+                block_hasher=block_hasher,
+            )
+        )
     return requests

@@ -172,12 +172,17 @@ def describe_scheduler_output(out) -> dict:
     cached = out.scheduled_cached_reqs
     return {
         "scheduled": [[r, n] for r, n in out.num_scheduled_tokens.items()],
-        "new": [[d.req_id, _group0(d.block_ids), d.num_computed_tokens]
-                for d in out.scheduled_new_reqs],
+        "new": [
+            [d.req_id, _group0(d.block_ids), d.num_computed_tokens] for d in out.scheduled_new_reqs
+        ],
         "cached": [
             [r, _group0(b), c, o]
-            for r, b, c, o in zip(cached.req_ids, cached.new_block_ids,
-                                  cached.num_computed_tokens, cached.num_output_tokens)
+            for r, b, c, o in zip(
+                cached.req_ids,
+                cached.new_block_ids,
+                cached.num_computed_tokens,
+                cached.num_output_tokens,
+            )
         ],
         "resumed": sorted(cached.resumed_req_ids),
         "resent_all_tokens": sorted(cached.all_token_ids),

@@ -66,7 +66,9 @@ class Sampler:
         return torch.where(metadata.temperature < 1e-5, greedy, random)
 
     @staticmethod
-    def random_sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    def random_sample(
+        probs: torch.Tensor, generators: list[torch.Generator | None]
+    ) -> torch.Tensor:
         noise = torch.empty_like(probs)
         for row, gen in enumerate(generators):
             noise[row].exponential_(generator=gen)
@@ -89,8 +91,9 @@ class Sampler:
         return result
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
-                      top_p: torch.Tensor | None) -> torch.Tensor:
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
     """Set to -inf every logit outside the top k and outside the top-p nucleus.
 
     top_k 0 and top_p 1.0 switch a row's filter off. The nucleus is the

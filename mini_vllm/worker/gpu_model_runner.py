@@ -97,7 +97,7 @@ class GPUModelRunner:
             if req_id in cached.resumed_req_ids:
                 state.block_ids = list(new_block_ids[0]) if new_block_ids else []
                 all_tokens = cached.all_token_ids[req_id]
-                state.output_token_ids = list(all_tokens[len(state.prompt_token_ids):])
+                state.output_token_ids = list(all_tokens[len(state.prompt_token_ids) :])
             elif new_block_ids is not None:
                 state.block_ids.extend(new_block_ids[0])
 
@@ -126,7 +126,7 @@ class GPUModelRunner:
             positions.extend(range(start, end))
             query_start_loc.append(query_start_loc[-1] + n)
             seq_lens.append(end)
-            block_table[i, :len(state.block_ids)] = state.block_ids
+            block_table[i, : len(state.block_ids)] = state.block_ids
             if end == state.num_tokens:
                 sample_rows.append(i)
         pos = np.asarray(positions, dtype=np.int64)
@@ -143,11 +143,18 @@ class GPUModelRunner:
             slot_mapping=torch.from_numpy(slot_mapping).to(dev),
         )
         logits_indices = [query_start_loc[i + 1] - 1 for i in sample_rows]
-        return (req_ids, torch.tensor(input_ids, dtype=torch.int64, device=dev),
-                torch.from_numpy(pos).to(dev), metadata, sample_rows, logits_indices)
+        return (
+            req_ids,
+            torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            torch.from_numpy(pos).to(dev),
+            metadata,
+            sample_rows,
+            logits_indices,
+        )
 
-    def _sampling_metadata(self, states: list[CachedRequestState],
-                           vocab_size: int) -> SamplingMetadata:
+    def _sampling_metadata(
+        self, states: list[CachedRequestState], vocab_size: int
+    ) -> SamplingMetadata:
         dev = self.device
         params = [s.sampling_params for s in states]
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
@@ -155,7 +162,9 @@ class GPUModelRunner:
         top_k = top_p = None
         if not all_greedy:
             if any(p.top_k > 0 for p in params):
-                top_k = torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int64, device=dev)
+                top_k = torch.tensor(
+                    [max(p.top_k, 0) for p in params], dtype=torch.int64, device=dev
+                )
             if any(p.top_p < 1.0 for p in params):
                 top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
         blocked = {
@@ -166,7 +175,10 @@ class GPUModelRunner:
         # logprobs=-1 means the whole vocabulary (upstream gpu_input_batch.py:416).
         wanted = [_num_logprobs(p, vocab_size) for p in params if p.logprobs is not None]
         return SamplingMetadata(
-            temperature=temperature, all_greedy=all_greedy, top_k=top_k, top_p=top_p,
+            temperature=temperature,
+            all_greedy=all_greedy,
+            top_k=top_k,
+            top_p=top_p,
             generators=[s.generator for s in states],
             max_num_logprobs=max(wanted) if wanted else None,
             min_tokens_blocked=blocked,
@@ -181,8 +193,9 @@ class GPUModelRunner:
         self._update_states(scheduler_output)
         if not scheduler_output.num_scheduled_tokens:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        req_ids, input_ids, positions, metadata, sample_rows, logits_indices = (
-            self._prepare_inputs(scheduler_output))
+        req_ids, input_ids, positions, metadata, sample_rows, logits_indices = self._prepare_inputs(
+            scheduler_output
+        )
 
         start = time.perf_counter()
         with set_forward_context(metadata):

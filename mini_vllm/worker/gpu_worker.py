@@ -27,16 +27,26 @@ from mini_vllm.attention.backend import get_attn_backend, get_kv_cache_shape
 from mini_vllm.kv_cache_interface import FullAttentionSpec, cdiv, get_num_blocks
 
 
-def kv_cache_spec_of(model: torch.nn.Module, block_size: int,
-                     dtype: torch.dtype) -> tuple[FullAttentionSpec, int]:
+def kv_cache_spec_of(
+    model: torch.nn.Module, block_size: int, dtype: torch.dtype
+) -> tuple[FullAttentionSpec, int]:
     """(the spec every attention layer shares, the number of layers), as
     upstream's ``get_kv_cache_spec`` collects one spec per layer."""
     layers = model.attention_layers()
-    specs = {FullAttentionSpec(block_size=block_size, num_kv_heads=layer.num_kv_heads,
-                               head_size=layer.head_size, dtype=dtype) for layer in layers}
+    specs = {
+        FullAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=layer.num_kv_heads,
+            head_size=layer.head_size,
+            dtype=dtype,
+        )
+        for layer in layers
+    }
     if len(specs) != 1:
-        raise ValueError(f"mini_vllm needs every attention layer to have the same KV shape, "
-                         f"got {sorted(map(str, specs))}")
+        raise ValueError(
+            f"mini_vllm needs every attention layer to have the same KV shape, "
+            f"got {sorted(map(str, specs))}"
+        )
     return specs.pop(), len(layers)
 
 
@@ -72,26 +82,36 @@ def determine_num_blocks(
         else:
             if not 0 < gpu_memory_utilization <= 1:
                 raise ValueError(
-                    f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}.")
+                    f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}."
+                )
             total, used = device_memory_bytes(device)
             budget = int(total * gpu_memory_utilization) - used
-            source = (f"gpu_memory_utilization={gpu_memory_utilization} of "
-                      f"{total / 2**30:.1f} GiB with {used / 2**30:.1f} GiB in use")
-    num_blocks = get_num_blocks(num_layers, max(budget, 0), kv_cache_spec.page_size_bytes,
-                                num_gpu_blocks_override)
+            source = (
+                f"gpu_memory_utilization={gpu_memory_utilization} of "
+                f"{total / 2**30:.1f} GiB with {used / 2**30:.1f} GiB in use"
+            )
+    num_blocks = get_num_blocks(
+        num_layers, max(budget, 0), kv_cache_spec.page_size_bytes, num_gpu_blocks_override
+    )
     needed = cdiv(max_model_len, block_size) + 1
     if num_blocks < needed:
         raise ValueError(
             f"KV cache too small ({source}): {num_blocks} blocks of {block_size} tokens "
             f"at {bytes_per_block} bytes each, but one request of max_model_len="
             f"{max_model_len} needs {needed} blocks (null block included), i.e. "
-            f"{needed * bytes_per_block} bytes. Raise the budget or lower max_model_len.")
+            f"{needed * bytes_per_block} bytes. Raise the budget or lower max_model_len."
+        )
     return num_blocks
 
 
-def allocate_kv_caches(model: torch.nn.Module, num_blocks: int, block_size: int,
-                       dtype: torch.dtype, device: torch.device,
-                       attention_backend: str) -> list[torch.Tensor]:
+def allocate_kv_caches(
+    model: torch.nn.Module,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    attention_backend: str,
+) -> list[torch.Tensor]:
     """One zeroed cache tensor per attention layer, bound to that layer."""
     impl_cls = get_attn_backend(attention_backend)
     caches = []

@@ -75,7 +75,9 @@ def test_inline_row_shows_the_enclosing_def_and_marks_the_cited_line(capsys):
     mini_line = _mini_def_line(MINI_SCHEDULER, "Scheduler._clamp_new_tokens")
     left_head, right_head = _split(lines[0])
     assert left_head.strip().startswith(f"reference  {MINI_SCHEDULER}:{mini_line}-")
-    assert right_head.startswith(f"upstream 0.22.1  {UP_SCHEDULER}:329-")  # all of Scheduler.schedule
+    assert right_head.startswith(
+        f"upstream 0.22.1  {UP_SCHEDULER}:329-"
+    )  # all of Scheduler.schedule
     marked = [right for _, right in map(_split, lines[2:]) if right.startswith(">")]
     assert len(marked) == 1
     assert marked[0].startswith(">  390") and "long_prefill_token_threshold" in marked[0]
@@ -85,8 +87,11 @@ def test_inline_row_shows_the_enclosing_def_and_marks_the_cited_line(capsys):
 def test_ambiguous_symbol_lists_the_rows(capsys):
     rc, out, err = _run(capsys, "add_request")
     assert rc == 2 and out == ""
-    for cls in ("core.sched.request_queue.FCFSRequestQueue", "core.sched.request_queue.PriorityRequestQueue",
-                "core.sched.scheduler.Scheduler"):
+    for cls in (
+        "core.sched.request_queue.FCFSRequestQueue",
+        "core.sched.request_queue.PriorityRequestQueue",
+        "core.sched.scheduler.Scheduler",
+    ):
         assert f"mini_vllm.{cls}.add_request" in err
     assert "name one of" in err
 
@@ -104,7 +109,9 @@ def test_full_path_and_narrow_width(capsys):
     table = out[: out.index("Where to look")].splitlines()
     assert all(len(line) <= 70 for line in table)
     assert "…" in out  # long lines are truncated, not wrapped
-    assert table[0].split(" │ ")[1].startswith("upstream 0.22.1  …") and table[0].endswith(":94-130")
+    assert table[0].split(" │ ")[1].startswith("upstream 0.22.1  …") and table[0].endswith(
+        ":94-130"
+    )
 
 
 def test_impl_labs_shows_the_students_override(capsys, tmp_path, monkeypatch):
@@ -117,24 +124,34 @@ def test_impl_labs_shows_the_students_override(capsys, tmp_path, monkeypatch):
         "        return 'the student was here'\n",
         encoding="utf-8",
     )
-    (tmp_path / "phase_03" / "utils.py").write_text("def check_stop(request, max_model_len):\n    return True\n")
+    (tmp_path / "phase_03" / "utils.py").write_text(
+        "def check_stop(request, max_model_len):\n    return True\n"
+    )
     monkeypatch.setenv("MINI_VLLM_LABS_DIR", str(tmp_path))
 
     rc, out, _ = _run(capsys, "Scheduler.schedule", "--impl", "labs", "--width", "160")
     assert rc == 0
     lines = out.splitlines()
     left_head, right_head = _split(lines[0])
-    assert left_head.startswith("student  ") and left_head.strip().endswith("/phase_03/scheduler.py:5-6")
+    assert left_head.startswith("student  ") and left_head.strip().endswith(
+        "/phase_03/scheduler.py:5-6"
+    )
     assert right_head.startswith(f"upstream 0.22.1  {UP_SCHEDULER}:329-")
     assert "the student was here" in _split(lines[3])[0]
 
     rc, out, _ = _run(capsys, "check_stop", "--impl", "labs", "--width", "160")
-    assert rc == 0 and out.startswith("student  ") and _split(out)[0].strip().endswith("phase_03/utils.py:1-2")
+    assert (
+        rc == 0
+        and out.startswith("student  ")
+        and _split(out)[0].strip().endswith("phase_03/utils.py:1-2")
+    )
 
 
 def test_impl_labs_falls_back_to_the_reference(capsys, tmp_path, monkeypatch):
     (tmp_path / "phase_03").mkdir()
-    (tmp_path / "phase_03" / "scheduler.py").write_text("class Scheduler:\n    def schedule(self):\n        pass\n")
+    (tmp_path / "phase_03" / "scheduler.py").write_text(
+        "class Scheduler:\n    def schedule(self):\n        pass\n"
+    )
     (tmp_path / "phase_03" / "broken.py").write_text("def oops(:\n")  # a student's half-edit
     monkeypatch.setenv("MINI_VLLM_LABS_DIR", str(tmp_path))
 

@@ -62,4 +62,5 @@ def test_docstring_line_quotes_hold_the_symbol(module):
         last = name.split(".")[-1]
         assert re.search(rf"\b(class|def)\s+{re.escape(last)}\b", text), (
             f"{module.__name__}: ``{name}`` quoted at {path.name}:{line}, "
-            f"but that line reads: {text.strip()!r}")
+            f"but that line reads: {text.strip()!r}"
+        )

@@ -33,11 +33,16 @@ EXAMPLES = int(os.environ.get("MINI_VLLM_KV_LOCKSTEP_EXAMPLES", "1000"))
 @pytest.fixture(scope="module")
 def upstream():
     from mini_vllm.oracle import upstream as up
+
     return up
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(workload=kv_workloads())
 def test_kv_lockstep_with_upstream(upstream, counts, workload):
     expected = run_kv_workload(upstream, workload)
@@ -46,7 +51,9 @@ def test_kv_lockstep_with_upstream(upstream, counts, workload):
     counts["kv lockstep operations"] = counts.get("kv lockstep operations", 0) + len(workload.ops)
     failed = sum(r["op"][0] == "allocate" and r["result"] is None for r in expected["ops"])
     hits = sum(r["op"][0] == "lookup" and r["result"][1] > 0 for r in expected["ops"])
-    counts["kv lockstep failed allocations"] = counts.get("kv lockstep failed allocations", 0) + failed
+    counts["kv lockstep failed allocations"] = (
+        counts.get("kv lockstep failed allocations", 0) + failed
+    )
     counts["kv lockstep lookups with hits"] = counts.get("kv lockstep lookups with hits", 0) + hits
     diff = first_kv_difference(expected, got)
     assert diff is None, f"{diff}\nconfig: {workload.config}\nops: {workload.ops}"

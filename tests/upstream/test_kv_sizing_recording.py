@@ -31,16 +31,33 @@ def test_mini_vllm_sizing_equals_upstream_live():
 
     for case in kv_sizing.cases():
         up = kv_sizing.upstream_sizing(case)
-        spec = kv.FullAttentionSpec(block_size=case["block_size"], num_kv_heads=case["num_kv_heads"],
-                                    head_size=case["head_size"], dtype=getattr(torch, case["dtype"]))
-        num_blocks = kv.get_num_blocks(case["num_layers"], case["available_memory"],
-                                       spec.page_size_bytes, case["num_gpu_blocks_override"])
-        assert (spec.page_size_bytes, spec.max_memory_usage_bytes(case["max_model_len"]),
-                num_blocks, num_blocks * spec.page_size_bytes * case["num_layers"],
-                kv.get_max_concurrency_for_kv_cache_config(num_blocks, spec, case["num_layers"],
-                                                           case["max_model_len"])) == (
-            up["page_size_bytes"], up["max_memory_usage_bytes"], up["num_blocks"],
-            up["kv_cache_tensor_bytes"], up["max_concurrency"]), case
+        spec = kv.FullAttentionSpec(
+            block_size=case["block_size"],
+            num_kv_heads=case["num_kv_heads"],
+            head_size=case["head_size"],
+            dtype=getattr(torch, case["dtype"]),
+        )
+        num_blocks = kv.get_num_blocks(
+            case["num_layers"],
+            case["available_memory"],
+            spec.page_size_bytes,
+            case["num_gpu_blocks_override"],
+        )
+        assert (
+            spec.page_size_bytes,
+            spec.max_memory_usage_bytes(case["max_model_len"]),
+            num_blocks,
+            num_blocks * spec.page_size_bytes * case["num_layers"],
+            kv.get_max_concurrency_for_kv_cache_config(
+                num_blocks, spec, case["num_layers"], case["max_model_len"]
+            ),
+        ) == (
+            up["page_size_bytes"],
+            up["max_memory_usage_bytes"],
+            up["num_blocks"],
+            up["kv_cache_tensor_bytes"],
+            up["max_concurrency"],
+        ), case
 
 
 def test_make_snapshots_rewrites_the_file_byte_for_byte(tmp_path):

@@ -32,11 +32,16 @@ EXAMPLES = int(os.environ.get("MINI_VLLM_LOCKSTEP_EXAMPLES", "2000"))
 @pytest.fixture(scope="module")
 def upstream():
     from mini_vllm.oracle import upstream as up
+
     return up
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(workload=workloads())
 def test_lockstep_with_upstream(upstream, counts, workload):
     expected = run_workload(upstream, workload)
@@ -45,8 +50,9 @@ def test_lockstep_with_upstream(upstream, counts, workload):
     counts["lockstep steps"] = counts.get("lockstep steps", 0) + len(expected["steps"])
     preempted = sum(len(s["preempted"]) for s in expected["steps"])
     counts["lockstep preemptions"] = counts.get("lockstep preemptions", 0) + preempted
-    counts["lockstep examples with preemption"] = (
-        counts.get("lockstep examples with preemption", 0) + (preempted > 0))
+    counts["lockstep examples with preemption"] = counts.get(
+        "lockstep examples with preemption", 0
+    ) + (preempted > 0)
     diff = first_difference(expected, got)
     assert diff is None, f"{diff}\nconfig: {workload.config}"
 
@@ -80,20 +86,23 @@ def test_upstream_livelocks_when_min_tokens_cannot_fit(upstream):
     schedule() clamps new tokens to max_model_len - 1 - num_computed_tokens,
     which reaches 0, so the request is skipped (scheduler.py:438) forever.
     """
-    sched = upstream.create_scheduler(max_model_len=8, max_num_batched_tokens=8, max_num_seqs=4,
-                                      num_blocks=16, block_size=4)
+    sched = upstream.create_scheduler(
+        max_model_len=8, max_num_batched_tokens=8, max_num_seqs=4, num_blocks=16, block_size=4
+    )
     (req,) = upstream.create_requests(1, num_tokens=5, max_tokens=4, min_tokens=4, block_size=4)
     sched.add_request(req)
     for _ in range(20):
         out = sched.schedule()
-        runner = mini.make_model_runner_output(sched, out, lambda r: 1234,
-                                               output_cls=upstream.ModelRunnerOutput)
+        runner = mini.make_model_runner_output(
+            sched, out, lambda r: 1234, output_cls=upstream.ModelRunnerOutput
+        )
         sched.update_from_output(out, runner)
     assert not req.is_finished() and req.num_tokens == 8
     assert sched.schedule().total_num_scheduled_tokens == 0  # stuck for good
 
-    mini_sched = mini.create_scheduler(max_model_len=8, max_num_batched_tokens=8, max_num_seqs=4,
-                                       num_blocks=16, block_size=4)
+    mini_sched = mini.create_scheduler(
+        max_model_len=8, max_num_batched_tokens=8, max_num_seqs=4, num_blocks=16, block_size=4
+    )
     (mini_req,) = mini.create_requests(1, num_tokens=5, max_tokens=4, min_tokens=4, block_size=4)
     with pytest.raises(ValueError, match="min_tokens"):
         mini_sched.add_request(mini_req)

@@ -69,7 +69,13 @@ pytestmark = pytest.mark.upstream
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PHASE_DOCS = sorted(REPO_ROOT.glob("phases/**/*.md"))
 PHASE_03 = REPO_ROOT / "phases" / "03-continuous-batching-scheduler"
-PHASE_03_FILES = ("00-guide.md", "01-deep-dive.md", "02-mini-build.md", "EXERCISES.md", "CHEATSHEET.md")
+PHASE_03_FILES = (
+    "00-guide.md",
+    "01-deep-dive.md",
+    "02-mini-build.md",
+    "EXERCISES.md",
+    "CHEATSHEET.md",
+)
 PHASE_02 = REPO_ROOT / "phases" / "02-paged-kv-cache"
 PHASE_01 = REPO_ROOT / "phases" / "01-architecture-request-lifecycle"
 
@@ -114,8 +120,10 @@ def _check_def_range(qual: str, rel: str, start: int, end: int) -> str | None:
         return why
     (last,) = [e for s, e in pin._upstream_defs(rel)[qual] if s == start]
     if not start < end <= last:
-        return (f"{rel}:{start}-{end}: `{qual}` spans lines {start}-{last}; "
-                f"the range must end inside it, after {start}")
+        return (
+            f"{rel}:{start}-{end}: `{qual}` spans lines {start}-{last}; "
+            f"the range must end inside it, after {start}"
+        )
     return None
 
 
@@ -151,9 +159,14 @@ def check_upstream_citations(text: str, doc: str) -> tuple[list[str], int]:
     forms = [
         (pin.DEF_CITE_RE, lambda m: pin._check_def(m["qual"], m["path"], int(m["line"]))),
         (pin.READS_CITE_RE, lambda m: pin._check_reads(m["path"], int(m["line"]), m["text"])),
-        (DEF_RANGE_RE, lambda m: _check_def_range(m["qual"], m["path"], int(m["start"]), int(m["end"]))),
-        (READS_RANGE_RE,
-         lambda m: _check_reads_range(m["path"], int(m["start"]), int(m["end"]), m["text"])),
+        (
+            DEF_RANGE_RE,
+            lambda m: _check_def_range(m["qual"], m["path"], int(m["start"]), int(m["end"])),
+        ),
+        (
+            READS_RANGE_RE,
+            lambda m: _check_reads_range(m["path"], int(m["start"]), int(m["end"]), m["text"]),
+        ),
     ]
     for regex, check in forms:
         for m in regex.finditer(text):
@@ -168,11 +181,13 @@ def check_upstream_citations(text: str, doc: str) -> tuple[list[str], int]:
         if m["path"].startswith("vllm/"):
             problems.append(
                 f"{_where(doc, text, m.start())}: {m.group()} is cited in an unchecked form; write "
-                "`Qual.name` (path:N), path:N (reads `text`), or a range in one of those forms")
+                "`Qual.name` (path:N), path:N (reads `text`), or a range in one of those forms"
+            )
         else:
             problems.append(
                 f"{_where(doc, text, m.start())}: {m.group()}: only upstream files are cited by line, "
-                "with their full vllm/ path; cite mini_vllm by path and symbol")
+                "with their full vllm/ path; cite mini_vllm by path and symbol"
+            )
     return problems, n_checked
 
 
@@ -263,23 +278,27 @@ def test_phase_01_docs_are_there():
 
 
 def test_the_phase_01_deep_dive_and_mini_build_cite_throughout():
-    _, n = check_upstream_citations((PHASE_01 / "01-deep-dive.md").read_text(encoding="utf-8"),
-                                    "01-deep-dive.md")
+    _, n = check_upstream_citations(
+        (PHASE_01 / "01-deep-dive.md").read_text(encoding="utf-8"), "01-deep-dive.md"
+    )
     assert n >= 60, f"the Phase 01 deep dive has only {n} checked upstream citations"
-    _, n = check_mini_references((PHASE_01 / "02-mini-build.md").read_text(encoding="utf-8"),
-                                 "02-mini-build.md")
+    _, n = check_mini_references(
+        (PHASE_01 / "02-mini-build.md").read_text(encoding="utf-8"), "02-mini-build.md"
+    )
     assert n >= 20, f"Phase 01's 02-mini-build.md checks only {n} mini_vllm references"
 
 
 def test_the_phase_02_deep_dive_cites_upstream_throughout():
-    _, n = check_upstream_citations((PHASE_02 / "01-deep-dive.md").read_text(encoding="utf-8"),
-                                    "01-deep-dive.md")
+    _, n = check_upstream_citations(
+        (PHASE_02 / "01-deep-dive.md").read_text(encoding="utf-8"), "01-deep-dive.md"
+    )
     assert n >= 60, f"the Phase 02 deep dive has only {n} checked upstream citations"
 
 
 def test_the_phase_02_mini_build_names_its_symbols():
-    _, n = check_mini_references((PHASE_02 / "02-mini-build.md").read_text(encoding="utf-8"),
-                                 "02-mini-build.md")
+    _, n = check_mini_references(
+        (PHASE_02 / "02-mini-build.md").read_text(encoding="utf-8"), "02-mini-build.md"
+    )
     assert n >= 20, f"Phase 02's 02-mini-build.md checks only {n} mini_vllm references"
 
 
@@ -290,8 +309,9 @@ def test_upstream_citations_hold_at_the_pin(doc: Path):
 
 
 def test_the_deep_dive_cites_upstream_throughout():
-    _, n = check_upstream_citations((PHASE_03 / "01-deep-dive.md").read_text(encoding="utf-8"),
-                                    "01-deep-dive.md")
+    _, n = check_upstream_citations(
+        (PHASE_03 / "01-deep-dive.md").read_text(encoding="utf-8"), "01-deep-dive.md"
+    )
     assert n >= 60, f"the deep dive has only {n} checked upstream citations"
 
 
@@ -302,8 +322,9 @@ def test_mini_vllm_references_resolve(doc: Path):
 
 
 def test_the_mini_build_names_its_symbols():
-    _, n = check_mini_references((PHASE_03 / "02-mini-build.md").read_text(encoding="utf-8"),
-                                 "02-mini-build.md")
+    _, n = check_mini_references(
+        (PHASE_03 / "02-mini-build.md").read_text(encoding="utf-8"), "02-mini-build.md"
+    )
     assert n >= 20, f"02-mini-build.md checks only {n} mini_vllm references"
 
 
@@ -323,15 +344,23 @@ def test_the_docs_have_examples():
     assert len(EXAMPLES) >= 15, f"only {len(EXAMPLES)} runnable examples in the phase docs"
 
 
-@pytest.mark.parametrize("doc, line, code, expected", EXAMPLES,
-                         ids=[f"{d}:{n}" for d, n, _, _ in EXAMPLES])
+@pytest.mark.parametrize(
+    "doc, line, code, expected", EXAMPLES, ids=[f"{d}:{n}" for d, n, _, _ in EXAMPLES]
+)
 def test_examples_print_what_the_docs_say(doc, line, code, expected):
-    run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONHASHSEED": "0"})
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
     assert run.returncode == 0, f"{doc}:{line}: the example fails:\n{run.stderr[-3000:]}"
     assert run.stdout.rstrip() == expected.rstrip(), (
         f"{doc}:{line}: the example prints something else now; update the text block.\n"
-        f"--- the doc says\n{expected}--- it prints\n{run.stdout}")
+        f"--- the doc says\n{expected}--- it prints\n{run.stdout}"
+    )
 
 
 # ---------------------------------------------- the checker rejects lies
@@ -350,31 +379,46 @@ def test_the_checker_accepts_true_citations():
     assert (problems, n) == ([], 4)
 
 
-@pytest.mark.parametrize("bad, complaint", [
-    ("`Scheduler.schedule` (vllm/v1/core/sched/scheduler.py:330)", "should hold"),
-    ("`Scheduler.update_from_output` (vllm/v1/core/sched/scheduler.py:329)", "should hold"),
-    ("`Request.schedule` (vllm/v1/core/sched/scheduler.py:329)", "is defined at"),
-    ("vllm/v1/core/sched/scheduler.py:391 (reads `long_prefill_token_threshold <`)", "should contain"),
-    ("vllm/v1/core/sched/scheduler.py:99999 (reads `x`)", "past the end"),
-    ("vllm/v1/core/sched/scheduler.py:390", "unchecked form"),
-    ("see vllm/v1/core/sched/scheduler.py:390-397", "unchecked form"),
-    ("`Scheduler._preempt_request` (vllm/v1/core/sched/scheduler.py:929-951)", "must end inside"),
-    ("vllm/v1/core/sched/scheduler.py:945-955 (reads `if self.log_stats`)", "runs past the end"),
-    ("vllm/v1/core/sched/scheduler.py:397-390 (reads `max_model_len`)", "run forward"),
-    ("upstream inlines it at scheduler.py:390", "only upstream files"),
-    ("mini_vllm/core/sched/scheduler.py:120", "only upstream files"),
-])
+@pytest.mark.parametrize(
+    "bad, complaint",
+    [
+        ("`Scheduler.schedule` (vllm/v1/core/sched/scheduler.py:330)", "should hold"),
+        ("`Scheduler.update_from_output` (vllm/v1/core/sched/scheduler.py:329)", "should hold"),
+        ("`Request.schedule` (vllm/v1/core/sched/scheduler.py:329)", "is defined at"),
+        (
+            "vllm/v1/core/sched/scheduler.py:391 (reads `long_prefill_token_threshold <`)",
+            "should contain",
+        ),
+        ("vllm/v1/core/sched/scheduler.py:99999 (reads `x`)", "past the end"),
+        ("vllm/v1/core/sched/scheduler.py:390", "unchecked form"),
+        ("see vllm/v1/core/sched/scheduler.py:390-397", "unchecked form"),
+        (
+            "`Scheduler._preempt_request` (vllm/v1/core/sched/scheduler.py:929-951)",
+            "must end inside",
+        ),
+        (
+            "vllm/v1/core/sched/scheduler.py:945-955 (reads `if self.log_stats`)",
+            "runs past the end",
+        ),
+        ("vllm/v1/core/sched/scheduler.py:397-390 (reads `max_model_len`)", "run forward"),
+        ("upstream inlines it at scheduler.py:390", "only upstream files"),
+        ("mini_vllm/core/sched/scheduler.py:120", "only upstream files"),
+    ],
+)
 def test_the_checker_rejects_false_citations(bad, complaint):
     problems, _ = check_upstream_citations(bad, "bad")
     assert problems and complaint in problems[0], problems
 
 
-@pytest.mark.parametrize("bad, complaint", [
-    ("mini_vllm/core/sched/schedular.py", "does not exist"),
-    ("`Scheduler._preempt` (`mini_vllm/core/sched/scheduler.py`)", "defines no"),
-    ("`mini_vllm.core.sched.scheduler.Scheduler.no_such_method`", "has no"),
-    ("`mini_vllm/no_such_folder/`", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "bad, complaint",
+    [
+        ("mini_vllm/core/sched/schedular.py", "does not exist"),
+        ("`Scheduler._preempt` (`mini_vllm/core/sched/scheduler.py`)", "defines no"),
+        ("`mini_vllm.core.sched.scheduler.Scheduler.no_such_method`", "has no"),
+        ("`mini_vllm/no_such_folder/`", "does not exist"),
+    ],
+)
 def test_the_checker_rejects_false_mini_references(bad, complaint):
     problems, _ = check_mini_references(bad, "bad")
     assert problems and complaint in problems[0], problems

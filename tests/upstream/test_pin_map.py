@@ -123,7 +123,9 @@ def _parse_table() -> tuple[tuple[Row, ...], tuple[tuple[int, int], ...]]:
     """The map's rows, and the (start, end) doc line span the table occupies."""
     lines = _doc_text().splitlines()
     starts = [i for i, line in enumerate(lines) if line.strip() == TABLE_HEADER]
-    assert len(starts) == 1, f"expected exactly one table headed {TABLE_HEADER!r}, found {len(starts)}"
+    assert len(starts) == 1, (
+        f"expected exactly one table headed {TABLE_HEADER!r}, found {len(starts)}"
+    )
     start = starts[0]
     assert re.fullmatch(r"\|(?: *-+ *\|){4}", lines[start + 1].strip()), (
         f"UPSTREAM_PIN.md:{start + 2}: the header must be followed by a |---|---|---|---| line"
@@ -179,7 +181,10 @@ def _upstream_defs(rel: str) -> dict[str, tuple[tuple[int, int], ...]]:
     """qualified name -> ((def line, end line), ...) for classes and functions."""
     tree = ast.parse("\n".join(_upstream_lines(rel)) + "\n", filename=rel)
     # lineno is the `class`/`def` line itself, not a decorator's.
-    return {qual: tuple((n.lineno, n.end_lineno) for n in nodes) for qual, nodes in definitions(tree).items()}
+    return {
+        qual: tuple((n.lineno, n.end_lineno) for n in nodes)
+        for qual, nodes in definitions(tree).items()
+    }
 
 
 def _check_def(qual: str, rel: str, line: int) -> str | None:
@@ -190,7 +195,9 @@ def _check_def(qual: str, rel: str, line: int) -> str | None:
     text = lines[line - 1]
     name = qual.rsplit(".", 1)[-1]
     if not re.search(rf"\b(class {re.escape(name)}\b|def {re.escape(name)}\()", text):
-        return f"{rel}:{line} should hold `class {name}` or `def {name}(`, but reads: {text.strip()!r}"
+        return (
+            f"{rel}:{line} should hold `class {name}` or `def {name}(`, but reads: {text.strip()!r}"
+        )
     spans = _upstream_defs(rel).get(qual, ())
     if line not in {s for s, _ in spans}:
         where = ", ".join(str(s) for s, _ in spans) or "nowhere"
@@ -223,9 +230,15 @@ def _resolve_mini(symbol: str) -> tuple[str, object]:
         for attr in parts[cut:]:
             try:
                 # Class __dict__ first, so properties/staticmethods come back raw.
-                obj = vars(obj)[attr] if isinstance(obj, type) and attr in vars(obj) else getattr(obj, attr)
+                obj = (
+                    vars(obj)[attr]
+                    if isinstance(obj, type) and attr in vars(obj)
+                    else getattr(obj, attr)
+                )
             except (AttributeError, KeyError):
-                pytest.fail(f"mini_vllm symbol {symbol!r} does not exist: {modname} has no {'.'.join(parts[cut:])!r}")
+                pytest.fail(
+                    f"mini_vllm symbol {symbol!r} does not exist: {modname} has no {'.'.join(parts[cut:])!r}"
+                )
         return modname, obj
     pytest.fail(f"mini_vllm symbol {symbol!r} does not exist: no importable module prefix")
 
@@ -265,7 +278,12 @@ def _is_property(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     for dec in fn.decorator_list:
         if isinstance(dec, ast.Name) and dec.id in ("property", "cached_property"):
             return True
-        if isinstance(dec, ast.Attribute) and dec.attr in ("setter", "getter", "deleter", "cached_property"):
+        if isinstance(dec, ast.Attribute) and dec.attr in (
+            "setter",
+            "getter",
+            "deleter",
+            "cached_property",
+        ):
             return True
     return False
 
@@ -276,7 +294,9 @@ def _is_property(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 def test_installed_vllm_is_the_pin():
     from vllm import _version
 
-    assert vllm.__version__ == PIN_VERSION, f"installed vllm is {vllm.__version__}, the pin is {PIN_VERSION}"
+    assert vllm.__version__ == PIN_VERSION, (
+        f"installed vllm is {vllm.__version__}, the pin is {PIN_VERSION}"
+    )
     commit_id = _version.__commit_id__
     assert commit_id is not None and commit_id.startswith(PIN_COMMIT_ID), (
         f"installed vllm records commit {commit_id!r}; the pin is {PIN_COMMIT} ({PIN_COMMIT_ID})"
@@ -297,7 +317,9 @@ def test_doc_states_the_full_commit_and_version():
     # The doc's version and commit agree with what this test pins.
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
     assert f"vllm.__version__ == '{PIN_VERSION}'" in makefile
-    nodeps = (REPO_ROOT / "tests" / "upstream" / "requirements-nodeps.txt").read_text(encoding="utf-8")
+    nodeps = (REPO_ROOT / "tests" / "upstream" / "requirements-nodeps.txt").read_text(
+        encoding="utf-8"
+    )
     assert f"vllm=={PIN_VERSION}" in nodeps.split()
 
 
@@ -343,7 +365,9 @@ def test_every_row_cites_the_upstream_definition():
         if row.inline:
             quoted = re.findall(r"`([^`]+)`", row.note)
             if not quoted:
-                problems.append(f"{where}: an inline row needs the expected text back-quoted in its note")
+                problems.append(
+                    f"{where}: an inline row needs the expected text back-quoted in its note"
+                )
                 continue
             why = _check_reads(row.path, row.line, quoted[0])
             if why is None:
@@ -359,7 +383,9 @@ def test_every_row_cites_the_upstream_definition():
 
 def test_the_clamp_row_is_the_inline_threshold_line():
     (row,) = [r for r in _rows() if r.mini.endswith("Scheduler._clamp_new_tokens")]
-    assert row.inline, "_clamp_new_tokens has no upstream def: its note must start with " + repr(INLINE_MARK)
+    assert row.inline, "_clamp_new_tokens has no upstream def: its note must start with " + repr(
+        INLINE_MARK
+    )
     assert row.upstream == "Scheduler.schedule"
     assert row.path == "vllm/v1/core/sched/scheduler.py"
     assert "long_prefill_token_threshold" in _upstream_lines(row.path)[row.line - 1]
@@ -369,14 +395,18 @@ def test_every_line_citation_in_the_doc_is_checked():
     """Prose and notes may cite upstream lines only in the two checked forms."""
     text = _doc_text()
     lines = text.splitlines(keepends=True)
-    (start, end), = _parse_table()[1]
+    ((start, end),) = _parse_table()[1]
     # Blank out the table's file:line column (checked by the row tests), keep its notes.
     masked_lines = []
     for i, line in enumerate(lines):
         if start + 2 <= i < end:
             m = ROW_RE.match(line.rstrip())
             if m:
-                line = line[: m.start("path")] + " " * (m.end("line") - m.start("path")) + line[m.end("line") :]
+                line = (
+                    line[: m.start("path")]
+                    + " " * (m.end("line") - m.start("path"))
+                    + line[m.end("line") :]
+                )
         masked_lines.append(line)
     masked = "".join(masked_lines)
 
@@ -408,9 +438,10 @@ def test_every_line_citation_in_the_doc_is_checked():
 
 def test_every_public_core_symbol_is_mapped():
     mapped = {row.mini for row in _rows()}
-    missing = sorted(f"{sym} ({kind})" for sym, kind in _mini_public_symbols().items() if sym not in mapped)
+    missing = sorted(
+        f"{sym} ({kind})" for sym, kind in _mini_public_symbols().items() if sym not in mapped
+    )
     assert not missing, (
         "public mini_vllm symbols with no row in UPSTREAM_PIN.md's symbol map "
         "(add a row citing the upstream class/def):\n" + "\n".join(missing)
     )
-

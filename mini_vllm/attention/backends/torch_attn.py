@@ -19,8 +19,9 @@ from mini_vllm.attention.backend import AttentionImpl, AttentionMetadata
 
 
 class TorchAttentionImpl(AttentionImpl):
-    def forward(self, query, key, value, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, query, key, value, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
         n = attn_metadata.num_actual_tokens
         block_size = kv_cache.shape[2]
         slot_mapping = attn_metadata.slot_mapping[:n]
@@ -41,7 +42,7 @@ class TorchAttentionImpl(AttentionImpl):
         seq_lens = attn_metadata.seq_lens.tolist()
         group = self.num_heads // self.num_kv_heads
         for i, seq_len in enumerate(seq_lens):
-            q = query[starts[i]:starts[i + 1]].float().transpose(0, 1)  # [H, q_len, D]
+            q = query[starts[i] : starts[i + 1]].float().transpose(0, 1)  # [H, q_len, D]
             q_len = q.shape[1]
             # BEGIN LAB 04.2
             # HINT: k, v: [seq_len, num_heads, head_size], key position j of this
@@ -58,7 +59,11 @@ class TorchAttentionImpl(AttentionImpl):
             mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
             # END LAB 04.2
             o = F.scaled_dot_product_attention(
-                q, k.float().transpose(0, 1), v.float().transpose(0, 1),
-                attn_mask=mask, scale=self.scale)
-            out[starts[i]:starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
+                q,
+                k.float().transpose(0, 1),
+                v.float().transpose(0, 1),
+                attn_mask=mask,
+                scale=self.scale,
+            )
+            out[starts[i] : starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
         return out

@@ -33,8 +33,9 @@ from mini_vllm.attention.ops.triton_reshape_and_cache import reshape_and_cache
 
 
 class TritonAttentionImpl(AttentionImpl):
-    def forward(self, query, key, value, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, query, key, value, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
         md = attn_metadata
         n = md.num_actual_tokens
         # 1. Store the new keys and values; the kernels below read them back
@@ -48,9 +49,25 @@ class TritonAttentionImpl(AttentionImpl):
         if md.num_reqs == 0 or n == 0:
             return out
         if md.max_query_len == 1:
-            decode_attention(out, query, kv_cache, md.block_table, md.seq_lens,
-                             md.query_start_loc, md.max_seq_len, self.scale)
+            decode_attention(
+                out,
+                query,
+                kv_cache,
+                md.block_table,
+                md.seq_lens,
+                md.query_start_loc,
+                md.max_seq_len,
+                self.scale,
+            )
         else:
-            prefill_attention(out, query, kv_cache, md.block_table, md.seq_lens,
-                              md.query_start_loc, md.max_query_len, self.scale)
+            prefill_attention(
+                out,
+                query,
+                kv_cache,
+                md.block_table,
+                md.seq_lens,
+                md.query_start_loc,
+                md.max_query_len,
+                self.scale,
+            )
         return out

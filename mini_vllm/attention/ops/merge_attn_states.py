@@ -59,12 +59,18 @@ def merge_attn_states(
     s_scale = (s_se / out_se).t().unsqueeze(-1)
     out = prefix_output.float() * p_scale + suffix_output.float() * s_scale
     output.copy_(out.to(output.dtype))
+
+
 # END LAB 04.1
 
 
-def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       scale: float, mask: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention over all the given keys, in float32, with its LSE.
 
     query ``[T, H, D]``, key/value ``[N, H, D]``, mask ``[T, N]`` (True = visible).
@@ -79,9 +85,14 @@ def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     return torch.einsum("htn,nhd->thd", p, value.float()), lse
 
 
-def tiled_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    scale: float, tile_size: int, causal: bool = True
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def tiled_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    tile_size: int,
+    causal: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention in one pass over ``tile_size`` keys at a time (online softmax).
 
     The T queries are the last T positions of the N keys: with ``causal``,

@@ -31,17 +31,30 @@ import triton.language as tl
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, kv_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
+    q_ptr,
+    kv_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
     part_acc_ptr,  # float32 [num_reqs, num_heads, num_splits, head_size]
     part_max_ptr,  # float32 [num_reqs, num_heads, num_splits]
     part_sum_ptr,  # float32 [num_reqs, num_heads, num_splits]
-    scale, num_heads, num_splits,
-    q_stride_tok, q_stride_head,
-    cache_stride_block, cache_stride_kv, cache_stride_slot, cache_stride_head,
+    scale,
+    num_heads,
+    num_splits,
+    q_stride_tok,
+    q_stride_head,
+    cache_stride_block,
+    cache_stride_kv,
+    cache_stride_slot,
+    cache_stride_head,
     block_table_stride,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-    HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -61,8 +74,11 @@ def _decode_split_kernel(
     head_ok = g < GROUP
     dims = tl.arange(0, HEAD_PAD)
     dim_ok = dims < HEAD_SIZE
-    q = tl.load(q_ptr + tok * q_stride_tok + head[:, None] * q_stride_head + dims[None, :],
-                mask=head_ok[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
+    q = tl.load(
+        q_ptr + tok * q_stride_tok + head[:, None] * q_stride_head + dims[None, :],
+        mask=head_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    ).to(tl.float32)
 
     m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l = tl.zeros([GROUP_PAD], dtype=tl.float32)
@@ -72,9 +88,13 @@ def _decode_split_kernel(
         k_pos = start + tl.arange(0, TILE_N)
         k_ok = k_pos < kv_hi
         block = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
-        kv_ptr = (kv_cache_ptr + block[:, None] * cache_stride_block
-                  + (k_pos % BLOCK_SIZE)[:, None] * cache_stride_slot
-                  + kv_head * cache_stride_head + dims[None, :])
+        kv_ptr = (
+            kv_cache_ptr
+            + block[:, None] * cache_stride_block
+            + (k_pos % BLOCK_SIZE)[:, None] * cache_stride_slot
+            + kv_head * cache_stride_head
+            + dims[None, :]
+        )
         kv_mask = k_ok[:, None] & dim_ok[None, :]
         k = tl.load(kv_ptr, mask=kv_mask, other=0.0).to(tl.float32)  # [TILE_N, HEAD_PAD]
         v = tl.load(kv_ptr + cache_stride_kv, mask=kv_mask, other=0.0).to(tl.float32)
@@ -97,15 +117,27 @@ def _decode_split_kernel(
     row = (req * num_heads + head).to(tl.int64) * num_splits + split
     tl.store(part_max_ptr + row, m, mask=head_ok)
     tl.store(part_sum_ptr + row, l, mask=head_ok)
-    tl.store(part_acc_ptr + row[:, None] * HEAD_SIZE + dims[None, :], acc,
-             mask=head_ok[:, None] & dim_ok[None, :])
+    tl.store(
+        part_acc_ptr + row[:, None] * HEAD_SIZE + dims[None, :],
+        acc,
+        mask=head_ok[:, None] & dim_ok[None, :],
+    )
 
 
 @triton.jit
 def _decode_merge_kernel(
-    out_ptr, query_start_loc_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-    num_heads, num_splits, out_stride_tok, out_stride_head,
-    SPLITS_PAD: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr,
+    out_ptr,
+    query_start_loc_ptr,
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    num_heads,
+    num_splits,
+    out_stride_tok,
+    out_stride_head,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
 ):
     # One program per (request, query head): merge its num_splits partials.
     req = tl.program_id(0)
@@ -117,8 +149,11 @@ def _decode_merge_kernel(
     row = (req * num_heads + head).to(tl.int64) * num_splits + splits
     m = tl.load(part_max_ptr + row, mask=split_ok, other=float("-inf"))
     l = tl.load(part_sum_ptr + row, mask=split_ok, other=0.0)
-    acc = tl.load(part_acc_ptr + row[:, None] * HEAD_SIZE + dims[None, :],
-                  mask=split_ok[:, None] & dim_ok[None, :], other=0.0)
+    acc = tl.load(
+        part_acc_ptr + row[:, None] * HEAD_SIZE + dims[None, :],
+        mask=split_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
 
     # BEGIN LAB 04.3: the split-KV merge (stage 2) in Triton
     # HINT: split s holds m_s (its max score), l_s = sum exp(score - m_s) and
@@ -135,8 +170,11 @@ def _decode_merge_kernel(
     # END LAB 04.3
 
     tok = tl.load(query_start_loc_ptr + req).to(tl.int64)
-    tl.store(out_ptr + tok * out_stride_tok + head * out_stride_head + dims,
-             out.to(out_ptr.dtype.element_ty), mask=dim_ok)
+    tl.store(
+        out_ptr + tok * out_stride_tok + head * out_stride_head + dims,
+        out.to(out_ptr.dtype.element_ty),
+        mask=dim_ok,
+    )
 
 
 def decode_attention(
@@ -164,25 +202,50 @@ def decode_attention(
         num_splits = max(1, min(8, triton.cdiv(max_seq_len, tile_n)))
     group = num_heads // num_kv_heads
     head_pad = triton.next_power_of_2(head_size)
-    part_acc = torch.empty(num_reqs, num_heads, num_splits, head_size,
-                           dtype=torch.float32, device=query.device)
-    part_max = torch.empty(num_reqs, num_heads, num_splits, dtype=torch.float32,
-                           device=query.device)
+    part_acc = torch.empty(
+        num_reqs, num_heads, num_splits, head_size, dtype=torch.float32, device=query.device
+    )
+    part_max = torch.empty(
+        num_reqs, num_heads, num_splits, dtype=torch.float32, device=query.device
+    )
     part_sum = torch.empty_like(part_max)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
-        query, kv_cache, block_table, seq_lens, query_start_loc,
-        part_acc, part_max, part_sum,
-        scale, num_heads, num_splits,
-        query.stride(0), query.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        query,
+        kv_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        part_acc,
+        part_max,
+        part_sum,
+        scale,
+        num_heads,
+        num_splits,
+        query.stride(0),
+        query.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
         block_table.stride(0),
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group),
-        HEAD_SIZE=head_size, HEAD_PAD=head_pad,
-        BLOCK_SIZE=kv_cache.shape[2], TILE_N=tile_n,
+        GROUP=group,
+        GROUP_PAD=triton.next_power_of_2(group),
+        HEAD_SIZE=head_size,
+        HEAD_PAD=head_pad,
+        BLOCK_SIZE=kv_cache.shape[2],
+        TILE_N=tile_n,
     )
     _decode_merge_kernel[(num_reqs, num_heads)](
-        out, query_start_loc, part_acc, part_max, part_sum,
-        num_heads, num_splits, out.stride(0), out.stride(1),
+        out,
+        query_start_loc,
+        part_acc,
+        part_max,
+        part_sum,
+        num_heads,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
         SPLITS_PAD=triton.next_power_of_2(num_splits),
-        HEAD_SIZE=head_size, HEAD_PAD=head_pad,
+        HEAD_SIZE=head_size,
+        HEAD_PAD=head_pad,
     )

@@ -40,11 +40,23 @@ def _dot(a, b, acc, DOT_FP32: tl.constexpr):
 
 @triton.jit
 def _prefill_kernel(
-    out_ptr, q_ptr, kv_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
+    out_ptr,
+    q_ptr,
+    kv_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
     scale,
-    q_stride_tok, q_stride_head, out_stride_tok, out_stride_head,
-    cache_stride_block, cache_stride_kv, cache_stride_slot, cache_stride_head,
-    block_table_stride, max_blocks_per_req,
+    q_stride_tok,
+    q_stride_head,
+    out_stride_tok,
+    out_stride_head,
+    cache_stride_block,
+    cache_stride_kv,
+    cache_stride_slot,
+    cache_stride_head,
+    block_table_stride,
+    max_blocks_per_req,
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of 2
     HEAD_SIZE: tl.constexpr,
@@ -78,8 +90,11 @@ def _prefill_kernel(
     dim_ok = dims < HEAD_SIZE
 
     tok = (q_start + q_idx).to(tl.int64)
-    q = tl.load(q_ptr + tok[:, None] * q_stride_tok + head[:, None] * q_stride_head
-                + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + tok[:, None] * q_stride_tok + head[:, None] * q_stride_head + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
 
     # Online softmax state per row: running max m, running sum of
     # exp(score - m) l, and the unnormalised output acc = sum exp(score - m) * v.
@@ -97,16 +112,21 @@ def _prefill_kernel(
         # several KV blocks; each key finds its block through the table.
         k_pos = tile * TILE_N + tl.arange(0, TILE_N)
         k_ok = k_pos < kv_end
-        block = tl.load(bt_row + k_pos // BLOCK_SIZE,
-                        mask=k_ok & (k_pos // BLOCK_SIZE < max_blocks_per_req), other=0)
+        block = tl.load(
+            bt_row + k_pos // BLOCK_SIZE,
+            mask=k_ok & (k_pos // BLOCK_SIZE < max_blocks_per_req),
+            other=0,
+        )
         slot = block.to(tl.int64) * cache_stride_block + (k_pos % BLOCK_SIZE) * cache_stride_slot
-        kv_ptr = (kv_cache_ptr + slot[:, None] + kv_head * cache_stride_head + dims[None, :])
+        kv_ptr = kv_cache_ptr + slot[:, None] + kv_head * cache_stride_head + dims[None, :]
         kv_mask = k_ok[:, None] & dim_ok[None, :]
         k = tl.load(kv_ptr, mask=kv_mask, other=0.0).to(q.dtype)  # [TILE_N, HEAD_PAD]
         v = tl.load(kv_ptr + cache_stride_kv, mask=kv_mask, other=0.0).to(q.dtype)
 
-        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_Q * GROUP_PAD, TILE_N], tl.float32),
-                 DOT_FP32) * scale
+        s = (
+            _dot(q, tl.trans(k), tl.zeros([BLOCK_Q * GROUP_PAD, TILE_N], tl.float32), DOT_FP32)
+            * scale
+        )
         # Causal mask (it also hides the unloaded keys >= kv_end for every
         # real row, since a real row's position is < kv_end).
         s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))
@@ -127,9 +147,11 @@ def _prefill_kernel(
         m = m_new
 
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-    tl.store(out_ptr + tok[:, None] * out_stride_tok + head[:, None] * out_stride_head
-             + dims[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(
+        out_ptr + tok[:, None] * out_stride_tok + head[:, None] * out_stride_head + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
 
 
 def prefill_attention(
@@ -159,17 +181,32 @@ def prefill_attention(
     # Triton's interpreter cannot multiply bfloat16 operands in tl.dot (it
     # sees their raw bits), so on CPU bf16 dots are done in float32; float32
     # inputs always use full-precision dots.
-    dot_fp32 = query.dtype == torch.float32 or (
-        query.dtype == torch.bfloat16 and not query.is_cuda)
+    dot_fp32 = query.dtype == torch.float32 or (query.dtype == torch.bfloat16 and not query.is_cuda)
     grid = (num_reqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
     _prefill_kernel[grid](
-        out, query, kv_cache, block_table, seq_lens, query_start_loc,
+        out,
+        query,
+        kv_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
         scale,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        block_table.stride(0), block_table.shape[1],
-        GROUP=group, GROUP_PAD=group_pad,
-        HEAD_SIZE=head_size, HEAD_PAD=max(16, triton.next_power_of_2(head_size)),
-        BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, TILE_N=tile_n,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_table.stride(0),
+        block_table.shape[1],
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        HEAD_SIZE=head_size,
+        HEAD_PAD=max(16, triton.next_power_of_2(head_size)),
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_Q=block_q,
+        TILE_N=tile_n,
         DOT_FP32=dot_fp32,
     )

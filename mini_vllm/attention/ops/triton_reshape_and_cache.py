@@ -34,9 +34,14 @@ def _reshape_and_cache_kernel(
     value_ptr,  # [num_tokens, num_kv_heads, head_size]
     kv_cache_ptr,  # [num_blocks, 2, block_size, num_kv_heads, head_size]
     slot_mapping_ptr,  # [num_tokens], int64
-    key_stride_tok, key_stride_head,
-    value_stride_tok, value_stride_head,
-    cache_stride_block, cache_stride_kv, cache_stride_slot, cache_stride_head,
+    key_stride_tok,
+    key_stride_head,
+    value_stride_tok,
+    value_stride_head,
+    cache_stride_block,
+    cache_stride_kv,
+    cache_stride_slot,
+    cache_stride_head,
     NUM_KV_HEADS: tl.constexpr,
     HEADS_PAD: tl.constexpr,  # NUM_KV_HEADS rounded up to a power of 2
     HEAD_SIZE: tl.constexpr,
@@ -60,14 +65,22 @@ def _reshape_and_cache_kernel(
 
     # Source: row `token` of key and value (the last axis is contiguous).
     tok = token.to(tl.int64)
-    k = tl.load(key_ptr + tok * key_stride_tok + heads[:, None] * key_stride_head
-                + dims[None, :], mask=mask)
-    v = tl.load(value_ptr + tok * value_stride_tok + heads[:, None] * value_stride_head
-                + dims[None, :], mask=mask)
+    k = tl.load(
+        key_ptr + tok * key_stride_tok + heads[:, None] * key_stride_head + dims[None, :], mask=mask
+    )
+    v = tl.load(
+        value_ptr + tok * value_stride_tok + heads[:, None] * value_stride_head + dims[None, :],
+        mask=mask,
+    )
 
     # Destination: cache[block, 0 or 1, offset, head, dim].
-    dst = (kv_cache_ptr + block * cache_stride_block + offset * cache_stride_slot
-           + heads[:, None] * cache_stride_head + dims[None, :])
+    dst = (
+        kv_cache_ptr
+        + block * cache_stride_block
+        + offset * cache_stride_slot
+        + heads[:, None] * cache_stride_head
+        + dims[None, :]
+    )
     tl.store(dst, k, mask=mask)
     tl.store(dst + cache_stride_kv, v, mask=mask)
 
@@ -84,8 +97,9 @@ def reshape_and_cache(
     assert slot_mapping.shape[0] >= num_tokens
     assert kv_cache.dim() == 5 and kv_cache.shape[1] == 2
     assert kv_cache.shape[3:] == (num_kv_heads, head_size), (kv_cache.shape, key.shape)
-    assert key.stride(2) == 1 and value.stride(2) == 1 and kv_cache.stride(4) == 1, \
+    assert key.stride(2) == 1 and value.stride(2) == 1 and kv_cache.stride(4) == 1, (
         "the head_size axis must be contiguous"
+    )
     if num_tokens == 0:
         return
     if key.dtype != kv_cache.dtype:
@@ -93,10 +107,18 @@ def reshape_and_cache(
         # copy: Triton's interpreter truncates float32 -> bfloat16 instead.
         key, value = key.to(kv_cache.dtype), value.to(kv_cache.dtype)
     _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, kv_cache, slot_mapping,
-        key.stride(0), key.stride(1),
-        value.stride(0), value.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        key,
+        value,
+        kv_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
         NUM_KV_HEADS=num_kv_heads,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HEAD_SIZE=head_size,

@@ -111,6 +111,7 @@ class Scheduler:
             num_new_tokens = threshold
         num_new_tokens = min(num_new_tokens, token_budget)
         return min(num_new_tokens, self.max_model_len - 1 - request.num_computed_tokens)
+
     # END LAB 03.1
 
     def schedule(self) -> SchedulerOutput:
@@ -211,10 +212,7 @@ class Scheduler:
             threshold = self.scheduler_config.long_prefill_token_threshold
             if 0 < threshold < num_new_tokens:
                 num_new_tokens = threshold
-            if (
-                not self.scheduler_config.enable_chunked_prefill
-                and num_new_tokens > token_budget
-            ):
+            if not self.scheduler_config.enable_chunked_prefill and num_new_tokens > token_budget:
                 break  # whole prompt or nothing, and it does not fit
             num_new_tokens = min(num_new_tokens, token_budget)
             # END LAB 03.2
@@ -325,6 +323,7 @@ class Scheduler:
             num_computed_tokens=num_computed_tokens,
             num_output_tokens=num_output_tokens,
         )
+
     # END LAB 03.4
 
     # BEGIN LAB 03.3: preempt one request (recompute, not swap)
@@ -344,6 +343,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
+
     # END LAB 03.3
 
     # BEGIN LAB 03.2: advance num_computed_tokens when the step is scheduled
@@ -360,6 +360,7 @@ class Scheduler:
             request.is_prefill_chunk = request.num_computed_tokens < request.num_tokens
         # A new set, not clear(): the output just built still refers to the old one.
         self.finished_req_ids = set()
+
     # END LAB 03.2
 
     # ------------------------------------------------------- update_from_output
@@ -431,6 +432,7 @@ class Scheduler:
                 new_token_ids = new_token_ids[:num_new]
                 break
         return new_token_ids, stopped
+
     # END LAB 03.5
 
     # ------------------------------------------------------- requests in and out
@@ -438,7 +440,9 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a new request. Bad input raises ValueError and changes nothing."""
         if request.request_id in self.requests:
-            raise ValueError(f"Duplicate request id {request.request_id!r}: it is already in the scheduler.")
+            raise ValueError(
+                f"Duplicate request id {request.request_id!r}: it is already in the scheduler."
+            )
         if request.num_prompt_tokens == 0:
             raise ValueError(f"Request {request.request_id!r} has an empty prompt.")
         if request.num_prompt_tokens >= self.max_model_len:

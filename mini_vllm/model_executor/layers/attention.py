@@ -19,8 +19,9 @@ from mini_vllm.forward_context import get_forward_context
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
-                 prefix: str = "") -> None:
+    def __init__(
+        self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, prefix: str = ""
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_size = head_size
@@ -44,5 +45,7 @@ class Attention(nn.Module):
             query.view(t, self.num_heads, self.head_size),
             key.view(t, self.num_kv_heads, self.head_size),
             value.view(t, self.num_kv_heads, self.head_size),
-            self.kv_cache, metadata)
+            self.kv_cache,
+            metadata,
+        )
         return out.reshape(t, self.num_heads * self.head_size)

@@ -33,8 +33,9 @@ from torch import nn
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_size: int, max_position_embeddings: int, base: float,
-                 is_neox_style: bool = True) -> None:
+    def __init__(
+        self, head_size: int, max_position_embeddings: int, base: float, is_neox_style: bool = True
+    ) -> None:
         super().__init__()
         if head_size % 2:
             raise ValueError(f"RoPE needs an even head size, got {head_size}")
@@ -49,13 +50,14 @@ class RotaryEmbedding(nn.Module):
         # Same float32 arithmetic as Hugging Face's default rope init, so the
         # tables agree bit for bit.
         exponents = torch.arange(0, self.head_size, 2, dtype=torch.int64).float() / self.head_size
-        inv_freq = 1.0 / (self.base ** exponents)  # [head_size / 2]
+        inv_freq = 1.0 / (self.base**exponents)  # [head_size / 2]
         t = torch.arange(self.max_position_embeddings, dtype=torch.float32)
         angles = torch.outer(t, inv_freq)  # [max_position, head_size / 2]
         return torch.cat((angles.cos(), angles.sin()), dim=-1)
 
-    def forward(self, positions: torch.Tensor, query: torch.Tensor,
-                key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] (each below max_position_embeddings); query [T, num_heads*head_size];
         key [T, num_kv_heads*head_size]. Returns the rotated (query, key), same shapes."""
         cos, sin = self.cos_sin_cache.index_select(0, positions).to(query.dtype).chunk(2, dim=-1)
@@ -79,12 +81,18 @@ class RotaryEmbedding(nn.Module):
         return out.reshape(x.shape)
 
     def extra_repr(self) -> str:
-        return (f"head_size={self.head_size}, max_position_embeddings={self.max_position_embeddings}, "
-                f"base={self.base}, is_neox_style={self.is_neox_style}")
+        return (
+            f"head_size={self.head_size}, max_position_embeddings={self.max_position_embeddings}, "
+            f"base={self.base}, is_neox_style={self.is_neox_style}"
+        )
 
 
-def get_rope(head_size: int, max_position: int, rope_parameters: dict[str, Any] | None,
-             is_neox_style: bool = True) -> RotaryEmbedding:
+def get_rope(
+    head_size: int,
+    max_position: int,
+    rope_parameters: dict[str, Any] | None,
+    is_neox_style: bool = True,
+) -> RotaryEmbedding:
     """Build the RoPE a Hugging Face config asks for; only the unscaled kind exists here.
 
     ``rope_parameters`` is transformers' dict (``{"rope_type": "default",
@@ -93,8 +101,10 @@ def get_rope(head_size: int, max_position: int, rope_parameters: dict[str, Any] 
     params = dict(rope_parameters or {})
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type != "default":
-        raise ValueError(f"RoPE scaling type {rope_type!r} is not supported by mini_vllm "
-                         "(only unscaled 'default' RoPE)")
+        raise ValueError(
+            f"RoPE scaling type {rope_type!r} is not supported by mini_vllm "
+            "(only unscaled 'default' RoPE)"
+        )
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("partial rotary embeddings (partial_rotary_factor != 1) are not supported")
     base = float(params.get("rope_theta", 10000.0))

@@ -50,12 +50,15 @@ def smollm2_gguf_path() -> Path:
     """
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"SmolLM2 is not installed (no {SMOLLM2_PACKAGE!r} package): "
-                                "run `make setup`")
+        raise FileNotFoundError(
+            f"SmolLM2 is not installed (no {SMOLLM2_PACKAGE!r} package): run `make setup`"
+        )
     path = Path(spec.origin).parent / SMOLLM2_GGUF
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the {SMOLLM2_PACKAGE!r} package: "
-                                "reinstall it with `make setup`")
+        raise FileNotFoundError(
+            f"{path} is missing from the {SMOLLM2_PACKAGE!r} package: "
+            "reinstall it with `make setup`"
+        )
     return path
 
 
@@ -74,14 +77,21 @@ def find_checkpoint(path: str | Path) -> tuple[str, Path]:
     if len(ggufs) == 1:
         return "gguf", ggufs[0]
     if len(ggufs) > 1:
-        raise ValueError(f"{path}: several .gguf files ({[p.name for p in ggufs]}); "
-                         "give the path of one")
-    raise FileNotFoundError(f"{path}: not a model folder (needs config.json with *.safetensors, "
-                            "or a single .gguf file)")
+        raise ValueError(
+            f"{path}: several .gguf files ({[p.name for p in ggufs]}); give the path of one"
+        )
+    raise FileNotFoundError(
+        f"{path}: not a model folder (needs config.json with *.safetensors, or a single .gguf file)"
+    )
 
 
-def load_model(path: str | Path, *, device: torch.device | str = "cpu",
-               dtype: torch.dtype | str = torch.float32, load_tokenizer: bool = True) -> LoadedModel:
+def load_model(
+    path: str | Path,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    load_tokenizer: bool = True,
+) -> LoadedModel:
     """Load a checkpoint onto ``device`` in ``dtype`` (a torch dtype, its name, or "auto").
 
     Returns ``(model, hf_config, tokenizer)``; ``tokenizer`` is None when
@@ -91,7 +101,9 @@ def load_model(path: str | Path, *, device: torch.device | str = "cpu",
     try:
         if kind == "hf":
             hf_config = default_loader.load_hf_config(path)
-            weights = default_loader.safetensors_weights_iterator(default_loader.find_safetensors(path))
+            weights = default_loader.safetensors_weights_iterator(
+                default_loader.find_safetensors(path)
+            )
             has_tokenizer = default_loader.has_tokenizer(path)
         else:
             reader = gguf_loader.open_gguf(path)

@@ -26,7 +26,9 @@ def find_safetensors(folder: Path) -> list[Path]:
     if not files:
         others = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
         hint = f" (found {others}: only safetensors are supported)" if others else ""
-        raise FileNotFoundError(f"{folder}: no *.safetensors weight files next to config.json{hint}")
+        raise FileNotFoundError(
+            f"{folder}: no *.safetensors weight files next to config.json{hint}"
+        )
     return files
 
 

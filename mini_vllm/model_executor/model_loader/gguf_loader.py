@@ -70,8 +70,9 @@ def open_gguf(path: Path) -> gguf.GGUFReader:
         raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 
 
-def gguf_field(reader: gguf.GGUFReader, key: str, default: Any = _REQUIRED, *,
-               path: Path | None = None) -> Any:
+def gguf_field(
+    reader: gguf.GGUFReader, key: str, default: Any = _REQUIRED, *, path: Path | None = None
+) -> Any:
     """A metadata value (int, float, str or list); a missing required key raises ValueError."""
     field = reader.fields.get(key)
     if field is None:
@@ -84,8 +85,10 @@ def gguf_field(reader: gguf.GGUFReader, key: str, default: Any = _REQUIRED, *,
 def gguf_architecture(reader: gguf.GGUFReader, path: Path) -> str:
     arch = gguf_field(reader, "general.architecture", None, path=path)
     if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported by mini_vllm; "
-                         f"supported: {sorted(GGUF_ARCHITECTURES)}")
+        raise ValueError(
+            f"{path}: GGUF architecture {arch!r} is not supported by mini_vllm; "
+            f"supported: {sorted(GGUF_ARCHITECTURES)}"
+        )
     return arch
 
 
@@ -109,8 +112,10 @@ def gguf_to_hf_config(reader: gguf.GGUFReader, path: Path) -> PretrainedConfig:
     head_dim = meta("attention.key_length", None) or hidden_size // num_heads
     rope_dim = meta("rope.dimension_count", head_dim)
     if rope_dim != head_dim:
-        raise ValueError(f"{path}: partial RoPE (rope.dimension_count {rope_dim} != head_dim "
-                         f"{head_dim}) is not supported")
+        raise ValueError(
+            f"{path}: partial RoPE (rope.dimension_count {rope_dim} != head_dim "
+            f"{head_dim}) is not supported"
+        )
     if "token_embd.weight" not in tensor_shapes:
         raise ValueError(f"{path}: GGUF has no token_embd.weight tensor")
     vocab_size = meta("vocab_size", None) or tensor_shapes["token_embd.weight"][0]
@@ -132,8 +137,10 @@ def gguf_to_hf_config(reader: gguf.GGUFReader, path: Path) -> PretrainedConfig:
         head_dim=head_dim,
         rms_norm_eps=meta("attention.layer_norm_rms_epsilon"),
         max_position_embeddings=meta("context_length"),
-        rope_parameters={"rope_type": "default",
-                         "rope_theta": float(meta("rope.freq_base", default_theta))},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": float(meta("rope.freq_base", default_theta)),
+        },
         tie_word_embeddings="output.weight" not in tensor_shapes,
         **token_ids,
     )
@@ -150,7 +157,12 @@ def gguf_to_hf_name(name: str, path: Path | None = None) -> str:
     parts = base.split(".")
     if len(parts) == 1 and base in GGUF_TO_HF_GLOBAL:
         return f"{GGUF_TO_HF_GLOBAL[base]}.{kind}"
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in GGUF_TO_HF_BLOCK:
+    if (
+        len(parts) == 3
+        and parts[0] == "blk"
+        and parts[1].isdigit()
+        and parts[2] in GGUF_TO_HF_BLOCK
+    ):
         return f"model.layers.{parts[1]}.{GGUF_TO_HF_BLOCK[parts[2]]}.{kind}"
     raise ValueError(f"{path}: GGUF tensor {name!r} has no counterpart in mini_vllm's models")
 
@@ -175,8 +187,9 @@ def dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-def gguf_weights_iterator(reader: gguf.GGUFReader, hf_config: PretrainedConfig,
-                          path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def gguf_weights_iterator(
+    reader: gguf.GGUFReader, hf_config: PretrainedConfig, path: Path
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) for every tensor in the file, q/k un-permuted where needed."""
     arch = gguf_architecture(reader, path)
     permuted = GGUF_ARCHITECTURES[arch][2]

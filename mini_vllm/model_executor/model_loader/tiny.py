@@ -33,8 +33,13 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PretrainedConfig,
-                          Qwen3Config)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PretrainedConfig,
+    Qwen3Config,
+)
 
 ARCHS = ("llama", "qwen3")
 SMALL_VOCAB = 512
@@ -56,18 +61,26 @@ def tiny_config(arch: str, vocab_size: int = SMALL_VOCAB) -> PretrainedConfig:
         pad_token_id=0,
     )
     if arch == "llama":
-        return LlamaConfig(architectures=["LlamaForCausalLM"], tie_word_embeddings=True,
-                           rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
-                           **common)
+        return LlamaConfig(
+            architectures=["LlamaForCausalLM"],
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+            **common,
+        )
     if arch == "qwen3":
-        return Qwen3Config(architectures=["Qwen3ForCausalLM"], tie_word_embeddings=False, head_dim=32,
-                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                           **common)
+        return Qwen3Config(
+            architectures=["Qwen3ForCausalLM"],
+            tie_word_embeddings=False,
+            head_dim=32,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            **common,
+        )
     raise ValueError(f"unknown tiny architecture {arch!r}: use one of {ARCHS}")
 
 
-def make_tiny_model(out_dir: str | Path, arch: str = "qwen3", seed: int = 0,
-                    tokenizer: bool = False) -> Path:
+def make_tiny_model(
+    out_dir: str | Path, arch: str = "qwen3", seed: int = 0, tokenizer: bool = False
+) -> Path:
     """Write a tiny seeded checkpoint of ``arch`` into ``out_dir`` (created); returns ``out_dir``."""
     out_dir = Path(out_dir)
     tok = None
@@ -99,8 +112,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--arch", choices=(*ARCHS, "all"), default="all")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tokenizer", action="store_true",
-                        help="copy SmolLM2's tokenizer in (vocabulary 49152 instead of 512)")
+    parser.add_argument(
+        "--tokenizer",
+        action="store_true",
+        help="copy SmolLM2's tokenizer in (vocabulary 49152 instead of 512)",
+    )
     args = parser.parse_args(argv)
     transformers.utils.logging.disable_progress_bar()
     for arch in ARCHS if args.arch == "all" else (args.arch,):

@@ -37,12 +37,15 @@ def resolve_dtype(dtype: torch.dtype | str, hf_config: PretrainedConfig) -> torc
         return resolve_dtype(found, hf_config) if found and found != "auto" else torch.float32
     resolved = getattr(torch, str(dtype), None)
     if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
-        raise ValueError(f"unknown model dtype {dtype!r}: use a floating torch dtype, its name, or 'auto'")
+        raise ValueError(
+            f"unknown model dtype {dtype!r}: use a floating torch dtype, its name, or 'auto'"
+        )
     return resolved
 
 
-def initialize_model(hf_config: PretrainedConfig, device: torch.device | str,
-                     dtype: torch.dtype) -> nn.Module:
+def initialize_model(
+    hf_config: PretrainedConfig, device: torch.device | str, dtype: torch.dtype
+) -> nn.Module:
     """The architecture's model class on ``device``, parameters in ``dtype``, left *unset*.
 
     Like upstream's layers, which allocate with ``torch.empty``, nothing is

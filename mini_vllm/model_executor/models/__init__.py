@@ -40,13 +40,17 @@ def resolve_model_cls(hf_config: PretrainedConfig) -> type[nn.Module]:
     if not archs:
         model_type = getattr(hf_config, "model_type", None)
         if model_type not in _MODEL_TYPE_TO_ARCH:
-            raise ValueError(f"config names no architecture and its model_type {model_type!r} is "
-                             f"not supported; supported architectures: {get_supported_archs()}")
+            raise ValueError(
+                f"config names no architecture and its model_type {model_type!r} is "
+                f"not supported; supported architectures: {get_supported_archs()}"
+            )
         archs = [_MODEL_TYPE_TO_ARCH[model_type]]
     arch = archs[0]
     if arch not in _TEXT_GENERATION_MODELS:
-        raise ValueError(f"Model architecture {arch!r} is not supported by mini_vllm; "
-                         f"supported architectures: {get_supported_archs()}")
+        raise ValueError(
+            f"Model architecture {arch!r} is not supported by mini_vllm; "
+            f"supported architectures: {get_supported_archs()}"
+        )
     return _TEXT_GENERATION_MODELS[arch]
 
 

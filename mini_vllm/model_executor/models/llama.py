@@ -55,11 +55,14 @@ def rope_parameters(config: PretrainedConfig) -> dict:
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str,
-                 bias: bool = False) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool = False
+    ) -> None:
         super().__init__()
         if hidden_act != "silu":
-            raise ValueError(f"Unsupported activation {hidden_act!r}: only 'silu' (SwiGLU) is supported")
+            raise ValueError(
+                f"Unsupported activation {hidden_act!r}: only 'silu' (SwiGLU) is supported"
+            )
         self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
@@ -82,14 +85,17 @@ class LlamaAttention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         bias = bool(getattr(config, "attention_bias", False))
 
         self.qkv_proj = nn.Linear(self.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = nn.Linear(self.q_size, self.hidden_size, bias=bias)
-        self.rotary_emb = get_rope(self.head_dim, config.max_position_embeddings, rope_parameters(config))
-        self.attn = Attention(self.num_heads, self.head_dim, self.scaling, self.num_kv_heads,
-                              prefix=f"{prefix}.attn")
+        self.rotary_emb = get_rope(
+            self.head_dim, config.max_position_embeddings, rope_parameters(config)
+        )
+        self.attn = Attention(
+            self.num_heads, self.head_dim, self.scaling, self.num_kv_heads, prefix=f"{prefix}.attn"
+        )
 
     def shard_slice(self, shard_id: str) -> slice:
         """Rows of ``qkv_proj`` that hold q, k or v."""
@@ -112,13 +118,18 @@ class LlamaDecoderLayer(nn.Module):
         if getattr(config, "use_sliding_window", False) or "sliding_attention" in layer_types:
             raise ValueError("sliding-window attention is not supported by mini_vllm")
         self.self_attn = self.attention_cls(config, prefix=f"{prefix}.self_attn")
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
-                            bias=bool(getattr(config, "mlp_bias", False)))
+        self.mlp = LlamaMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            config.hidden_act,
+            bias=bool(getattr(config, "mlp_bias", False)),
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's output, the residual stream before it); their sum is the new stream."""
         if residual is None:
             residual = hidden_states
@@ -131,12 +142,18 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_cls: type[nn.Module] = LlamaDecoderLayer,
-                 prefix: str = "model") -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_cls: type[nn.Module] = LlamaDecoderLayer,
+        prefix: str = "model",
+    ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            layer_cls(config, prefix=f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers))
+            layer_cls(config, prefix=f"{prefix}.layers.{i}")
+            for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -187,8 +204,11 @@ class LlamaForCausalLM(nn.Module):
         # a fused one, each with the checkpoint name that fills it.
         expected: dict[str, str] = {}
         for name in params:
-            fused_here = [(fused, ckpt, sid) for fused, ckpt, sid in STACKED_PARAMS_MAPPING
-                          if fused + "." in name]
+            fused_here = [
+                (fused, ckpt, sid)
+                for fused, ckpt, sid in STACKED_PARAMS_MAPPING
+                if fused + "." in name
+            ]
             for fused, ckpt, sid in fused_here:
                 expected[f"{name}[{sid}]"] = name.replace(fused, ckpt)
             if not fused_here:
@@ -206,13 +226,16 @@ class LlamaForCausalLM(nn.Module):
                     name, shard_id = ckpt_name.replace(ckpt_suffix, param_suffix), sid
                     break
             if name not in params:
-                raise ValueError(f"checkpoint tensor {ckpt_name!r} matches no parameter of "
-                                 f"{type(self).__name__}")
+                raise ValueError(
+                    f"checkpoint tensor {ckpt_name!r} matches no parameter of {type(self).__name__}"
+                )
             param = params[name]
             key = name if shard_id is None else f"{name}[{shard_id}]"
             if key not in expected:
-                raise ValueError(f"checkpoint tensor {ckpt_name!r} is already fused; give the "
-                                 "unfused Hugging Face tensors (q_proj/k_proj/v_proj, gate_proj/up_proj)")
+                raise ValueError(
+                    f"checkpoint tensor {ckpt_name!r} is already fused; give the "
+                    "unfused Hugging Face tensors (q_proj/k_proj/v_proj, gate_proj/up_proj)"
+                )
             if key in filled:
                 raise ValueError(f"checkpoint tensor {ckpt_name!r} appears twice")
             target = param.data
@@ -220,14 +243,18 @@ class LlamaForCausalLM(nn.Module):
                 owner = self.get_submodule(name.rsplit(".", 2)[0])
                 target = target[owner.shard_slice(shard_id)]
             if tuple(tensor.shape) != tuple(target.shape):
-                raise ValueError(f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}, "
-                                 f"expected {tuple(target.shape)}")
+                raise ValueError(
+                    f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(target.shape)}"
+                )
             with torch.no_grad():
                 target.copy_(tensor)
             filled.add(key)
 
         missing = sorted(expected[key] for key in expected.keys() - filled)
         if missing:
-            shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+            shown = ", ".join(missing[:8]) + (
+                f", ... ({len(missing)} in all)" if len(missing) > 8 else ""
+            )
             raise ValueError(f"checkpoint is missing tensors for {type(self).__name__}: {shown}")
         return {key.split("[")[0] for key in filled}

@@ -24,8 +24,11 @@ import torch
 from transformers import PretrainedConfig
 
 from mini_vllm.model_executor.layers.layernorm import RMSNorm
-from mini_vllm.model_executor.models.llama import (LlamaAttention, LlamaDecoderLayer,
-                                                   LlamaForCausalLM)
+from mini_vllm.model_executor.models.llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+)
 
 
 class Qwen3Attention(LlamaAttention):

@@ -19,8 +19,9 @@ from mini_vllm.testing import hf_greedy
 
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny_llama_tok"), arch="llama", seed=0,
-                           tokenizer=True)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("tiny_llama_tok"), arch="llama", seed=0, tokenizer=True
+    )
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +49,7 @@ def student_run(impl, loaded, workload, monkeypatch):
     01 region of ``impl``; see ``lifecycle.student_engine``) and returns
     (trace, engine stats). A region still raising NotImplementedError fails
     the test at once with the lab's message."""
+
     def run():
         engine = lifecycle.student_engine(impl, loaded, monkeypatch)
         try:
@@ -55,6 +57,7 @@ def student_run(impl, loaded, workload, monkeypatch):
         except NotImplementedError as e:
             pytest.fail(f"{e}: a lab region is not written yet.", pytrace=False)
         return records, engine.get_stats()
+
     return run
 
 
@@ -66,5 +69,7 @@ def hf_greedy_tokens(tiny_folder, loaded, workload):
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_folder), dtype=torch.float32).eval()
     tok = loaded.tokenizer
-    return {rid: hf_greedy(model, tok.encode(prompt), lifecycle.MAX_TOKENS)
-            for rid, prompt in workload.prompts.items()}
+    return {
+        rid: hf_greedy(model, tok.encode(prompt), lifecycle.MAX_TOKENS)
+        for rid, prompt in workload.prompts.items()
+    }

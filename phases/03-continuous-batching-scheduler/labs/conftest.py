@@ -23,13 +23,19 @@ def finished_lab(request, impl, monkeypatch):
     """
     try:
         from hypothesis.internal.conjecture import engine
+
         monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", SHRINK_SECONDS, raising=False)
     except ImportError:
         pass
     workload = get_scenario(getattr(request.module, "FAIL_FAST_SCENARIO", "preemption_fcfs"))
     try:
-        run_workload(mini, workload, scheduler=mini.create_scheduler(
-            scheduler_cls=impl.scheduler.Scheduler, **workload.config))
+        run_workload(
+            mini,
+            workload,
+            scheduler=mini.create_scheduler(
+                scheduler_cls=impl.scheduler.Scheduler, **workload.config
+            ),
+        )
     except NotImplementedError as e:
         pytest.fail(f"{e}: a lab region is not written yet.", pytrace=False)
     except Exception:  # noqa: BLE001 - a real bug: let the property find and shrink it

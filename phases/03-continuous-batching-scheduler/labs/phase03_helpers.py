@@ -19,9 +19,14 @@ from mini_vllm.oracle.workload import run_workload
 
 # No explain phase (it traces every line: slow on a broken scheduler), no database.
 PROPERTY = settings(
-    max_examples=60, deadline=None, derandomize=True, database=None,
-    report_multiple_bugs=False, phases=[Phase.generate, Phase.shrink],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    report_multiple_bugs=False,
+    phases=[Phase.generate, Phase.shrink],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 TOKEN = 1000  # what the fake model samples (never EOS, never a stop token)
 
@@ -78,8 +83,9 @@ def run_checked(cls, workload, endless_hint: str) -> None:
     """Run a generated workload on ``cls`` (whose schedule() checks the rules);
     a workload that never finishes fails the test with ``endless_hint``."""
     try:
-        run_workload(mini, workload, scheduler=mini.create_scheduler(**workload.config,
-                                                                     scheduler_cls=cls))
+        run_workload(
+            mini, workload, scheduler=mini.create_scheduler(**workload.config, scheduler_cls=cls)
+        )
     except RuntimeError as e:
         if "did not finish" not in str(e):
             raise

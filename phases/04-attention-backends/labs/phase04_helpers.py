@@ -33,19 +33,30 @@ class PagedBatch:
     layout: list  # [(context_len, q_len), ...]
 
 
-def make_batch(layout, num_heads, num_kv_heads, head_size, block_size,
-               dtype=torch.float32, seed=0, device="cpu") -> PagedBatch:
+def make_batch(
+    layout,
+    num_heads,
+    num_kv_heads,
+    head_size,
+    block_size,
+    dtype=torch.float32,
+    seed=0,
+    device="cpu",
+) -> PagedBatch:
     gen = torch.Generator().manual_seed(seed)
     blocks_per_req = [-(-(ctx + q) // block_size) for ctx, q in layout]
     num_blocks = 1 + sum(blocks_per_req) + 2  # null block 0 and two spares
     free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    cache = torch.full(get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size),
-                       float("nan"), dtype=dtype)
+    cache = torch.full(
+        get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size),
+        float("nan"),
+        dtype=dtype,
+    )
     table = torch.zeros(len(layout), max(blocks_per_req), dtype=torch.int32)
     slots, qsl, seq_lens, dense_k, dense_v, new_k, new_v = [], [0], [], [], [], [], []
     for i, (ctx, q_len) in enumerate(layout):
         ids = torch.tensor([free.pop() for _ in range(blocks_per_req[i])], dtype=torch.int32)
-        table[i, :len(ids)] = ids
+        table[i, : len(ids)] = ids
         pos = torch.arange(ctx + q_len)
         block, off = ids[pos // block_size].long(), pos % block_size
         k = torch.randn(ctx + q_len, num_kv_heads, head_size, generator=gen).to(dtype)
@@ -58,13 +69,24 @@ def make_batch(layout, num_heads, num_kv_heads, head_size, block_size,
         seq_lens.append(ctx + q_len)
     query = torch.randn(qsl[-1], num_heads, head_size, generator=gen).to(dtype)
     md = AttentionMetadata(
-        num_actual_tokens=qsl[-1], max_query_len=max(q for _, q in layout),
+        num_actual_tokens=qsl[-1],
+        max_query_len=max(q for _, q in layout),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
-        max_seq_len=max(seq_lens), seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        max_seq_len=max(seq_lens),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         block_table=table.to(device),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device))
-    return PagedBatch(query.to(device), torch.cat(new_k).to(device), torch.cat(new_v).to(device),
-                      cache.to(device), md, dense_k, dense_v, list(layout))
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+    )
+    return PagedBatch(
+        query.to(device),
+        torch.cat(new_k).to(device),
+        torch.cat(new_v).to(device),
+        cache.to(device),
+        md,
+        dense_k,
+        dense_v,
+        list(layout),
+    )
 
 
 def dense_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
@@ -74,7 +96,7 @@ def dense_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
     outs = []
     start = 0
     for (ctx, q_len), k, v in zip(batch.layout, batch.dense_k, batch.dense_v):
-        q = batch.query[start:start + q_len].double().cpu()
+        q = batch.query[start : start + q_len].double().cpu()
         start += q_len
         kv_head = torch.arange(num_heads) // (num_heads // k.shape[1])
         k, v = k.double()[:, kv_head], v.double()[:, kv_head]  # [seq_len, H, D]

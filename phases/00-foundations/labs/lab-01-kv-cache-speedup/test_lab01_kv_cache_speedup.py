@@ -34,7 +34,8 @@ def check_tokens(name: str, got: list[int], expected: list[int], prompt: list[in
         f"returned {got}, transformers' greedy tokens on the same weights are {expected}. "
         "Greedy decoding picks the index of the largest logit at every step and appends it "
         "to the sequence; the first difference is at output index "
-        f"{next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))}.")
+        f"{next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))}."
+    )
 
 
 def run_counted(fn, model, prompt, n):
@@ -78,7 +79,8 @@ def test_both_match_the_reference_on_smollm2(impl, smollm2):
             f"SmolLM2, prompt 'The capital of France is': {fn.__name__} returned {got} "
             f"({tokenizer.decode(got)!r}); greedy decoding gives {expected} "
             f"({tokenizer.decode(expected)!r}). Pick the index of the largest logit at every "
-            "step and append it to the sequence.")
+            "step and append it to the sequence."
+        )
 
 
 @pytest.mark.points(2)
@@ -93,11 +95,13 @@ def test_without_cache_recomputes_the_whole_sequence_every_step(impl, tiny_qwen3
         f"without a KV cache, step t must feed the whole sequence so far (P + t tokens), so "
         f"{n} tokens after a {p}-token prompt cost sum over t of (P + t) = {len(expected)} "
         f"token-forwards; yours fed {len(positions)}. That sum grows with n squared: the "
-        "quadratic cost the KV cache removes.")
+        "quadratic cost the KV cache removes."
+    )
     assert positions == expected and forwards == n, (
         f"without a KV cache each of the {n} steps is one prefill from position 0 to the "
-        f"sequence's end (positions {expected[:p]}, then {expected[p:2 * p + 1]}, ...); "
-        f"yours fed positions {positions[:3 * p]}... in {forwards} forwards.")
+        f"sequence's end (positions {expected[:p]}, then {expected[p : 2 * p + 1]}, ...); "
+        f"yours fed positions {positions[: 3 * p]}... in {forwards} forwards."
+    )
 
 
 @pytest.mark.points(2)
@@ -111,14 +115,17 @@ def test_with_cache_feeds_each_position_once(impl, tiny_qwen3):
         f"with the KV cache the prompt is fed once ({p} tokens) and then each step feeds only "
         f"the newest token; the last sampled token is never fed, so {n} tokens cost "
         f"P + n - 1 = {p + n - 1} token-forwards (linear in n). Yours fed {len(positions)} "
-        f"(without a cache it would be {sum(p + t for t in range(n))}).")
+        f"(without a cache it would be {sum(p + t for t in range(n))})."
+    )
     assert positions == list(range(p + n - 1)), (
         "with the KV cache no position is ever computed twice: the keys and values of earlier "
         f"positions do not change. Expected positions 0..{p + n - 2} in order, each once; "
-        f"yours fed {positions}.")
+        f"yours fed {positions}."
+    )
     assert forwards == n, (
         f"expected {n} forwards (one prefill of the prompt, then one per new token but the "
-        f"last); yours made {forwards}.")
+        f"last); yours made {forwards}."
+    )
 
 
 @pytest.mark.points(3)
@@ -126,6 +133,7 @@ def test_property_prompt_lengths_and_steps(impl, tiny_qwen3, hf_greedy, monkeypa
     # Past this, hypothesis stops shrinking a failure and reports the smallest
     # failing example found so far, so a failing property ends quickly.
     from hypothesis.internal.conjecture import engine
+
     monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", 10, raising=False)
     _, model, hf = tiny_qwen3
     fns = impl.kv_cache_speedup
@@ -133,8 +141,7 @@ def test_property_prompt_lengths_and_steps(impl, tiny_qwen3, hf_greedy, monkeypa
     fns.greedy_with_cache(pm, [1, 2, 3], 2)  # an unwritten lab fails here, before hypothesis
 
     @settings(max_examples=10, deadline=None, derandomize=True, database=None)
-    @given(prompt=st.lists(st.integers(3, 511), min_size=1, max_size=24),
-           n=st.integers(1, 8))
+    @given(prompt=st.lists(st.integers(3, 511), min_size=1, max_size=24), n=st.integers(1, 8))
     def prop(prompt, n):
         expected = hf_greedy(hf, prompt, n)
         p = len(prompt)
@@ -142,12 +149,14 @@ def test_property_prompt_lengths_and_steps(impl, tiny_qwen3, hf_greedy, monkeypa
         check_tokens("greedy_with_cache", tokens, expected, prompt)
         assert positions == list(range(p + n - 1)), (
             f"with the KV cache, prompt of {p} tokens, {n} new tokens: positions 0..{p + n - 2} "
-            f"must each be fed once, in order; yours fed {positions}")
+            f"must each be fed once, in order; yours fed {positions}"
+        )
         tokens, positions, _ = run_counted(fns.greedy_without_cache, pm, prompt, n)
         check_tokens("greedy_without_cache", tokens, expected, prompt)
         assert len(positions) == sum(p + t for t in range(n)), (
             f"without the KV cache, prompt of {p} tokens, {n} new tokens: expected "
             f"sum of (P + t) = {sum(p + t for t in range(n))} token-forwards, yours fed "
-            f"{len(positions)}")
+            f"{len(positions)}"
+        )
 
     prop()

@@ -40,9 +40,12 @@ def test_empty_engine_step_does_not_schedule(impl, loaded, monkeypatch):
         pytest.fail(f"{e}: a lab region is not written yet.", pytrace=False)
     assert isinstance(out, EngineCoreOutputs) and not out.outputs, (
         f"EngineCore.step() with no requests returned {out!r}: it must return an empty "
-        "EngineCoreOutputs() (scheduler.has_requests() is False).")
-    assert not calls, ("EngineCore.step() called schedule() with no requests: check "
-                       "self.scheduler.has_requests() first and return EngineCoreOutputs().")
+        "EngineCoreOutputs() (scheduler.has_requests() is False)."
+    )
+    assert not calls, (
+        "EngineCore.step() called schedule() with no requests: check "
+        "self.scheduler.has_requests() first and return EngineCoreOutputs()."
+    )
     assert core.num_steps == 0, f"an empty step must not be counted; num_steps = {core.num_steps}"
     assert engine.step() == [], "LLMEngine.step() with nothing to do must return []"
 
@@ -63,7 +66,8 @@ def test_greedy_tokens_equal_transformers(impl, student_run, hf_greedy_tokens, w
             f"request {rid!r} ({workload.prompts[rid]!r}): transformers' greedy tokens are "
             f"{want}, your engine's EngineCore outputs carried {tokens.get(rid)}. Every sampled "
             "token must reach the output exactly once: step() returns what "
-            "update_from_output() returns.")
+            "update_from_output() returns."
+        )
 
 
 @pytest.mark.points(3)
@@ -75,12 +79,18 @@ def test_steps_and_outputs_equal_the_reference(impl, reference_run, student_run)
     got, stats = student_run()
     diff = lifecycle.first_difference(expected, got)
     assert diff is None, f"your engine's run differs from the reference's: {diff}"
-    for key in ("num_steps", "num_preemptions", "num_scheduled_tokens", "prefix_cache_queries",
-                "prefix_cache_hits"):
+    for key in (
+        "num_steps",
+        "num_preemptions",
+        "num_scheduled_tokens",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+    ):
         assert stats[key] == ref_stats[key], (
             f"get_stats()[{key!r}]: the reference counts {ref_stats[key]}, yours {stats[key]}. "
             "EngineCore.step counts num_steps, num_preemptions and num_scheduled_tokens for each "
-            "scheduled step; LLMEngine.step passes the scheduler stats to record_stats().")
+            "scheduled step; LLMEngine.step passes the scheduler stats to record_stats()."
+        )
 
 
 @pytest.mark.points(3)
@@ -97,16 +107,19 @@ def test_stop_string_request_is_aborted_in_core(impl, student_run, workload):
     end = ends[0]
     assert (end.finish_reason[rid], end.stop_reason[rid]) == ("stop", stop), (
         f"request {rid!r} finished with {end.finish_reason[rid]!r}/{end.stop_reason[rid]!r}, "
-        f"expected 'stop'/{stop!r}.")
+        f"expected 'stop'/{stop!r}."
+    )
     assert end.statuses[rid] == "FINISHED_ABORTED", (
         f"step {end.step}: the front end finished {rid!r} on stop string {stop!r}, but its "
         f"Request is still {end.statuses[rid]} in EngineCore. LLMEngine.step must call "
-        "engine_core.abort_requests(processed.reqs_to_abort) (upstream vllm/v1/engine/llm_engine.py:309).")
+        "engine_core.abort_requests(processed.reqs_to_abort) (upstream vllm/v1/engine/llm_engine.py:309)."
+    )
     later = [rec.step for rec in records if rec.step > end.step and rid in rec.scheduled]
     assert not later, f"{rid!r} finished at step {end.step} but was scheduled again at {later}"
     assert records[-1].free_blocks == records[0].free_blocks, (
         f"after the run, {records[-1].free_blocks} blocks are free, {records[0].free_blocks} were "
-        "free before: some request's blocks were never freed.")
+        "free before: some request's blocks were never freed."
+    )
 
 
 def abort_scenario(engine):
@@ -140,10 +153,13 @@ def test_user_abort_between_steps(impl, loaded, monkeypatch):
     assert len(want["drop"]) == 1, f"the scenario lost its point: the reference gave {want['drop']}"
     assert len(got["drop"]) == 1, (
         f"'drop' was aborted by the user after step 1 and must get no RequestOutput after "
-        f"that; your engine gave {len(got['drop'])} in all: {got['drop']}.")
+        f"that; your engine gave {len(got['drop'])} in all: {got['drop']}."
+    )
     assert got == want, (
         f"RequestOutputs (token ids, finish_reason) differ from the reference's: expected "
-        f"{want}, got {got}.")
+        f"{want}, got {got}."
+    )
     assert got_steps == want_steps, (
         f"the reference counts {want_steps} engine steps for this, yours {got_steps}: count a "
-        "step only when one is scheduled.")
+        "step only when one is scheduled."
+    )

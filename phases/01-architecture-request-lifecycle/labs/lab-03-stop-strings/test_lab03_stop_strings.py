@@ -21,8 +21,13 @@ from mini_vllm.engine.detokenizer import check_stop_strings as reference_check
 from mini_vllm.oracle import lifecycle
 from mini_vllm.sampling_params import SamplingParams
 
-PROPERTY = settings(max_examples=300, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 # Few letters, so that stop strings occur, overlap and repeat.
 TEXT = st.text(alphabet="ab c", max_size=14)
@@ -37,11 +42,14 @@ def call(fn, *args, **kwargs):
 
 
 def explain(text, new, stop, include) -> str:
-    return (f"check_stop_strings(output_text={text!r}, new_char_count={new}, stop={stop!r}, "
-            f"include_in_output={include})")
+    return (
+        f"check_stop_strings(output_text={text!r}, new_char_count={new}, stop={stop!r}, "
+        f"include_in_output={include})"
+    )
 
 
 # ---------------------------------------------------- check_stop_strings
+
 
 @pytest.mark.upstream
 @pytest.mark.points(3)
@@ -60,7 +68,8 @@ def test_check_stop_strings_matches_upstream(impl, data, text, stop, include):
         f"{explain(text, new, stop, include)}: upstream returns {want!r}, yours {got!r}. "
         "Search each stop string in order, starting len(stop_str) - 1 characters before the "
         "new text; return (stop_str, where to cut), the cut being -1 when the kept stop "
-        "string already ends the text.")
+        "string already ends the text."
+    )
 
 
 RULES = [
@@ -72,25 +81,33 @@ RULES = [
     ("kept stop string ending the text: no cut (-1)", "hello world", 6, ["world"], True),
     ("a stop string straddling old and new text is found", "hello world", 2, ["wor"], False),
     ("a stop string wholly in old text is not found again", "hello world", 1, ["ell"], False),
-    ("the first stop string in the list wins, not the earliest in the text",
-     "xx ab cd", 5, ["cd", "ab"], False),
+    (
+        "the first stop string in the list wins, not the earliest in the text",
+        "xx ab cd",
+        5,
+        ["cd", "ab"],
+        False,
+    ),
     ("the first occurrence in the searched window is the cut", "a-b-b", 3, ["b"], False),
 ]
 
 
 @pytest.mark.points(1)
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("rule", "text", "new", "stop", "include"), RULES,
-                         ids=[r[0] for r in RULES])
+@pytest.mark.parametrize(
+    ("rule", "text", "new", "stop", "include"), RULES, ids=[r[0] for r in RULES]
+)
 def test_check_stop_strings_rules(impl, rule, text, new, stop, include):
     want = reference_check(text, new, stop, include)
     got = call(impl.detokenizer.check_stop_strings, text, new, stop, include)
     assert got == want, (
         f"rule '{rule}': {explain(text, new, stop, include)} should return {want!r}, "
-        f"yours returned {got!r}.")
+        f"yours returned {got!r}."
+    )
 
 
 # ---------------------------------------------------------------- update
+
 
 def feed(cls, tok, prompt, output_ids, chunks, params, stop_terminated=False):
     """Feed ``output_ids`` in chunks of ``chunks`` tokens; return the list of
@@ -99,7 +116,7 @@ def feed(cls, tok, prompt, output_ids, chunks, params, stop_terminated=False):
     steps = []
     for i in range(0, len(output_ids), chunks):
         last = i + chunks >= len(output_ids)
-        got = call(detok.update, output_ids[i:i + chunks], stop_terminated and last)
+        got = call(detok.update, output_ids[i : i + chunks], stop_terminated and last)
         steps.append((got, detok.output_text))
         if got is not None:
             break
@@ -108,33 +125,80 @@ def feed(cls, tok, prompt, output_ids, chunks, params, stop_terminated=False):
 
 CASES = [
     # (rule, prompt, output text, SamplingParams kwargs, chunk, stop_terminated)
-    ("cut before the stop string", "Say:", " one, two. three",
-     dict(stop=["."]), 1, False),
-    ("include_stop_str_in_output keeps it", "Say:", " one, two. three",
-     dict(stop=["."], include_stop_str_in_output=True), 1, False),
-    ("a stop string spread over several tokens is found", "Count:", " alpha beta gamma delta",
-     dict(stop=["a gam"]), 1, False),
-    ("several tokens a step: found in the middle of the step", "Count:",
-     " alpha beta gamma delta", dict(stop=["beta"]), 3, False),
-    ("the prompt never counts", "Stop at STOP.", " nothing to see here", dict(stop=["STOP"]),
-     1, False),
-    ("no stop string inside the first min_tokens tokens' text", "Say:", " x. y. z. w.",
-     dict(stop=["."], min_tokens=3), 1, False),
-    ("tokens crossing min_tokens in one update: only text after the min_tokens-th is searched",
-     "Say:", " x. y. z. w.", dict(stop=["."], min_tokens=2), 4, False),
-    ("the first stop string in the list wins", "Say:", " red green blue",
-     dict(stop=["blue", "green"]), 4, False),
-    ("a stop-terminated last token's text is left out", "Say:", " one two three",
-     dict(), 1, True),
-    ("...unless include_stop_str_in_output", "Say:", " one two three",
-     dict(include_stop_str_in_output=True), 1, True),
+    ("cut before the stop string", "Say:", " one, two. three", dict(stop=["."]), 1, False),
+    (
+        "include_stop_str_in_output keeps it",
+        "Say:",
+        " one, two. three",
+        dict(stop=["."], include_stop_str_in_output=True),
+        1,
+        False,
+    ),
+    (
+        "a stop string spread over several tokens is found",
+        "Count:",
+        " alpha beta gamma delta",
+        dict(stop=["a gam"]),
+        1,
+        False,
+    ),
+    (
+        "several tokens a step: found in the middle of the step",
+        "Count:",
+        " alpha beta gamma delta",
+        dict(stop=["beta"]),
+        3,
+        False,
+    ),
+    (
+        "the prompt never counts",
+        "Stop at STOP.",
+        " nothing to see here",
+        dict(stop=["STOP"]),
+        1,
+        False,
+    ),
+    (
+        "no stop string inside the first min_tokens tokens' text",
+        "Say:",
+        " x. y. z. w.",
+        dict(stop=["."], min_tokens=3),
+        1,
+        False,
+    ),
+    (
+        "tokens crossing min_tokens in one update: only text after the min_tokens-th is searched",
+        "Say:",
+        " x. y. z. w.",
+        dict(stop=["."], min_tokens=2),
+        4,
+        False,
+    ),
+    (
+        "the first stop string in the list wins",
+        "Say:",
+        " red green blue",
+        dict(stop=["blue", "green"]),
+        4,
+        False,
+    ),
+    ("a stop-terminated last token's text is left out", "Say:", " one two three", dict(), 1, True),
+    (
+        "...unless include_stop_str_in_output",
+        "Say:",
+        " one two three",
+        dict(include_stop_str_in_output=True),
+        1,
+        True,
+    ),
 ]
 
 
 @pytest.mark.points(1)
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("rule", "prompt", "text", "kwargs", "chunk", "terminated"), CASES,
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("rule", "prompt", "text", "kwargs", "chunk", "terminated"), CASES, ids=[c[0] for c in CASES]
+)
 def test_update_rules(impl, loaded, rule, prompt, text, kwargs, chunk, terminated):
     """update() on SmolLM2's tokenizer: after every call, the stop string it
     returns and output_text equal the reference detokenizer's."""
@@ -142,26 +206,37 @@ def test_update_rules(impl, loaded, rule, prompt, text, kwargs, chunk, terminate
     ids = tok.encode(text)
     params = SamplingParams(**kwargs)
     want = feed(ReferenceDetokenizer, tok, prompt, ids, chunk, params, terminated)
-    got = feed(impl.detokenizer.IncrementalDetokenizer, tok, prompt, ids, chunk, params,
-               terminated)
+    got = feed(impl.detokenizer.IncrementalDetokenizer, tok, prompt, ids, chunk, params, terminated)
     assert got == want, (
         f"rule '{rule}': prompt {prompt!r}, output {text!r} (tokens "
         f"{[tok.decode([t]) for t in ids]}, {chunk} per update, {kwargs}, stop_terminated="
         f"{terminated}). After each update, (returned stop string, output_text) should be "
-        f"{want}, yours {got}.")
+        f"{want}, yours {got}."
+    )
 
 
 @pytest.mark.upstream
 @pytest.mark.points(2)
 @pytest.mark.timeout(180)
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(words=st.lists(st.sampled_from(["the", "cat", "sat", "on", "a", "mat", ".", ",", "ok"]),
-                      min_size=1, max_size=10),
-       data=st.data(), include=st.booleans(), min_tokens=st.integers(0, 3),
-       chunk=st.integers(1, 3))
-def test_update_matches_upstream_detokenizer(impl, loaded, words, data, include, min_tokens,
-                                             chunk):
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    words=st.lists(
+        st.sampled_from(["the", "cat", "sat", "on", "a", "mat", ".", ",", "ok"]),
+        min_size=1,
+        max_size=10,
+    ),
+    data=st.data(),
+    include=st.booleans(),
+    min_tokens=st.integers(0, 3),
+    chunk=st.integers(1, 3),
+)
+def test_update_matches_upstream_detokenizer(impl, loaded, words, data, include, min_tokens, chunk):
     """The stop string found and the text at that point equal those of
     upstream's own detokenizer (``IncrementalDetokenizer.from_new_request``,
     detokenizer.py:49) fed the same tokens."""
@@ -171,32 +246,48 @@ def test_update_matches_upstream_detokenizer(impl, loaded, words, data, include,
 
     tok = loaded.tokenizer
     text = " " + " ".join(words)
-    stop = data.draw(st.lists(st.sampled_from(["at", "t s", ".", "on a", "ok", "cat"]),
-                              min_size=1, max_size=2, unique=True), label="stop")
+    stop = data.draw(
+        st.lists(
+            st.sampled_from(["at", "t s", ".", "on a", "ok", "cat"]),
+            min_size=1,
+            max_size=2,
+            unique=True,
+        ),
+        label="stop",
+    )
     prompt_ids = tok.encode("Story:")
     ids = tok.encode(text)
-    kwargs = dict(stop=stop, include_stop_str_in_output=include, min_tokens=min_tokens,
-                  max_tokens=64)
-    request = EngineCoreRequest(request_id="r", prompt_token_ids=prompt_ids, mm_features=None,
-                                sampling_params=UpstreamParams(**kwargs), pooling_params=None,
-                                arrival_time=0.0, lora_request=None, cache_salt=None,
-                                data_parallel_rank=None)
+    kwargs = dict(
+        stop=stop, include_stop_str_in_output=include, min_tokens=min_tokens, max_tokens=64
+    )
+    request = EngineCoreRequest(
+        request_id="r",
+        prompt_token_ids=prompt_ids,
+        mm_features=None,
+        sampling_params=UpstreamParams(**kwargs),
+        pooling_params=None,
+        arrival_time=0.0,
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+    )
     theirs = Upstream.from_new_request(tok, request)
     mine = impl.detokenizer.IncrementalDetokenizer(tok, prompt_ids, params=SamplingParams(**kwargs))
     want = got = None
     for i in range(0, len(ids), chunk):
-        want = theirs.update(ids[i:i + chunk], False)
-        got = call(mine.update, ids[i:i + chunk], False)
+        want = theirs.update(ids[i : i + chunk], False)
+        got = call(mine.update, ids[i : i + chunk], False)
         if want is not None or got is not None:
             break
     sent = f"output {text!r} fed {chunk} tokens at a time, {kwargs}"
     assert got == want, f"{sent}: upstream's detokenizer returns stop {want!r}, yours {got!r}."
     assert mine.output_text == theirs.output_text, (
-        f"{sent}: upstream's output_text is {theirs.output_text!r}, yours "
-        f"{mine.output_text!r}.")
+        f"{sent}: upstream's output_text is {theirs.output_text!r}, yours {mine.output_text!r}."
+    )
 
 
 # ------------------------------------------------------------ a real run
+
 
 @pytest.mark.points(3)
 @pytest.mark.timeout(300)
@@ -214,9 +305,11 @@ def test_real_run_stop_string_ends_the_request(impl, reference_run, student_run,
         f"request {rid!r} with stop={[stop]!r}: its last RequestOutput should say "
         f"finish_reason='stop', stop_reason={stop!r}; yours says "
         f"{got_final.get('finish_reason')!r}, {got_final.get('stop_reason')!r} (text "
-        f"{got_final.get('text')!r}).")
+        f"{got_final.get('text')!r})."
+    )
     assert got_final["text"] == want_final["text"], (
         f"request {rid!r}: the reference's final text is {want_final['text']!r} (cut before "
-        f"{stop!r}), yours {got_final['text']!r}.")
+        f"{stop!r}), yours {got_final['text']!r}."
+    )
     diff = lifecycle.first_difference(expected, got)
     assert diff is None, f"your run differs from the reference's: {diff}"

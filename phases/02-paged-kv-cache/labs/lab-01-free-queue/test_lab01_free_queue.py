@@ -29,13 +29,19 @@ from mini_vllm.grading import kv_checks
 from mini_vllm.oracle.kv_workload import walk_free_queue
 
 PROPERTY = settings(
-    max_examples=200, deadline=None, derandomize=True, database=None,
-    phases=[Phase.explicit, Phase.generate, Phase.shrink], report_multiple_bugs=False,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    report_multiple_bugs=False,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 SHRINK_SECONDS = 10
 
 
 # ------------------------------------------------------------------ helpers
+
 
 def make(impl, n: int = 5):
     """A queue of the class under grade over blocks 0..n-1, and the blocks."""
@@ -48,19 +54,24 @@ def order(queue, where: str) -> list[int]:
     (a cycle, a dead end, or next and prev links that disagree)."""
     got = walk_free_queue(queue, 10_000)
     if isinstance(got, str):
-        pytest.fail(f"{where}: the queue's links are broken: {got}. Every block in the queue "
-                    "must have prev_free_block and next_free_block pointing at its neighbours "
-                    "(the sentinels at the two ends).", pytrace=False)
+        pytest.fail(
+            f"{where}: the queue's links are broken: {got}. Every block in the queue "
+            "must have prev_free_block and next_free_block pointing at its neighbours "
+            "(the sentinels at the two ends).",
+            pytrace=False,
+        )
     return got
 
 
 def check(queue, expected: list[int], where: str) -> None:
     got = order(queue, where)
     assert got == expected, (
-        f"{where}: the queue (front to back, by block id) should be {expected}, got {got}.")
+        f"{where}: the queue (front to back, by block id) should be {expected}, got {got}."
+    )
     assert queue.num_free_blocks == len(expected), (
         f"{where}: num_free_blocks must count the blocks in the queue: {len(expected)} "
-        f"expected, got {queue.num_free_blocks}. Every operation keeps it in step.")
+        f"expected, got {queue.num_free_blocks}. Every operation keeps it in step."
+    )
 
 
 def unlinked(block, where: str) -> None:
@@ -68,10 +79,12 @@ def unlinked(block, where: str) -> None:
         f"{where}: block {block.block_id} left the queue but still has links (prev -> "
         f"{getattr(block.prev_free_block, 'block_id', None)}, next -> "
         f"{getattr(block.next_free_block, 'block_id', None)}). A block outside the queue has "
-        "both links None: that is how remove() and the block pool tell it is not free.")
+        "both links None: that is how remove() and the block pool tell it is not free."
+    )
 
 
 # --------------------------------------------------------------- popleft
+
 
 @pytest.mark.points(2)
 def test_popleft_takes_the_front_block(impl):
@@ -79,14 +92,17 @@ def test_popleft_takes_the_front_block(impl):
     got = queue.popleft()
     assert got is blocks[0], (
         f"A new queue holds the blocks in id order, so popleft() returns the front one, block "
-        f"0; got block {got.block_id}.")
+        f"0; got block {got.block_id}."
+    )
     unlinked(got, "popleft() returned block 0")
     check(queue, [1, 2, 3, 4], "after one popleft()")
     assert blocks[1].prev_free_block is queue.fake_free_list_head, (
         "After popleft(), block 1 is at the front: its prev_free_block must be the fake head, "
-        f"not block {getattr(blocks[1].prev_free_block, 'block_id', None)}.")
+        f"not block {getattr(blocks[1].prev_free_block, 'block_id', None)}."
+    )
     assert [queue.popleft().block_id for _ in range(4)] == [1, 2, 3, 4], (
-        "popleft() four more times must return 1, 2, 3, 4: always the front.")
+        "popleft() four more times must return 1, 2, 3, 4: always the front."
+    )
     check(queue, [], "after popping all five blocks")
 
 
@@ -95,8 +111,10 @@ def test_popleft_on_an_empty_queue_raises_value_error(impl):
     queue, _ = make(impl, 2)
     queue.popleft()
     queue.popleft()
-    rule = "popleft() on an empty queue must raise ValueError (the fake head's next is the " \
+    rule = (
+        "popleft() on an empty queue must raise ValueError (the fake head's next is the "
         "fake tail: there is no block to give)."
+    )
     kv_checks.expect_raises(ValueError, queue.popleft, rule)
     check(queue, [], "after a failed popleft() on an empty queue")
     empty, _ = make(impl, 0)
@@ -105,13 +123,15 @@ def test_popleft_on_an_empty_queue_raises_value_error(impl):
 
 # ------------------------------------------------------------- popleft_n
 
+
 @pytest.mark.points(2)
 def test_popleft_n_takes_n_from_the_front_in_order(impl):
     queue, blocks = make(impl)
     got = queue.popleft_n(3)
     assert [b.block_id for b in got] == [0, 1, 2], (
         f"popleft_n(3) on a new queue of blocks 0..4 returns the three front blocks, front "
-        f"first: [0, 1, 2]. Got {[b.block_id for b in got]}.")
+        f"first: [0, 1, 2]. Got {[b.block_id for b in got]}."
+    )
     for b in got:
         unlinked(b, "popleft_n(3)")
     check(queue, [3, 4], "after popleft_n(3)")
@@ -121,20 +141,27 @@ def test_popleft_n_takes_n_from_the_front_in_order(impl):
     assert [b.block_id for b in rest] == [3, 4], f"then popleft_n(2) returns [3, 4], got {rest}"
     check(queue, [], "after popleft_n took the last two blocks")
     queue.append(blocks[1])
-    check(queue, [1], "after emptying the queue with popleft_n and appending block 1 "
-                      "(the fake head must be joined to the fake tail when the queue empties)")
+    check(
+        queue,
+        [1],
+        "after emptying the queue with popleft_n and appending block 1 "
+        "(the fake head must be joined to the fake tail when the queue empties)",
+    )
 
 
 @pytest.mark.points(1)
 def test_popleft_n_more_than_free_raises_and_changes_nothing(impl):
     queue, _ = make(impl, 3)
-    kv_checks.expect_raises(ValueError, lambda: queue.popleft_n(4),
-                  "popleft_n(4) on a queue of 3 blocks must raise ValueError before it "
-                  "touches any link.")
+    kv_checks.expect_raises(
+        ValueError,
+        lambda: queue.popleft_n(4),
+        "popleft_n(4) on a queue of 3 blocks must raise ValueError before it touches any link.",
+    )
     check(queue, [0, 1, 2], "after popleft_n(4) on a queue of 3 raised")
 
 
 # ---------------------------------------------------------------- remove
+
 
 @pytest.mark.points(2)
 def test_remove_from_the_middle_the_front_and_the_back(impl):
@@ -153,9 +180,12 @@ def test_remove_from_the_middle_the_front_and_the_back(impl):
 def test_remove_of_a_block_not_in_the_queue_raises_runtime_error(impl):
     queue, blocks = make(impl)
     queue.remove(blocks[1])
-    kv_checks.expect_raises(RuntimeError, lambda: queue.remove(blocks[1]),
-                  "remove() of block 1, which already left the queue (both links None), must "
-                  "raise RuntimeError and change nothing: it is a caller's bug.")
+    kv_checks.expect_raises(
+        RuntimeError,
+        lambda: queue.remove(blocks[1]),
+        "remove() of block 1, which already left the queue (both links None), must "
+        "raise RuntimeError and change nothing: it is a caller's bug.",
+    )
     check(queue, [0, 2, 3, 4], "after remove() of a block already removed raised")
 
 
@@ -167,6 +197,7 @@ def test_remove_takes_constant_time(impl):
     sits; a remove that searches the list costs a step per block before it.
     So 2,000 removes deep in a queue of 100,000 blocks must take about as
     long as 2,000 removes near its front."""
+
     def timed(blocks) -> float:
         start = time.perf_counter()
         for block in blocks:
@@ -180,19 +211,24 @@ def test_remove_takes_constant_time(impl):
         f"2,000 remove() calls took {near * 1000:.1f} ms near the front of a queue of "
         f"100,000 blocks but {deep * 1000:.1f} ms deep in it: remove() must not search the "
         "list. The block knows its neighbours (prev_free_block, next_free_block): join them "
-        "to each other and clear its links, in O(1) wherever it sits.")
+        "to each other and clear its links, in O(1) wherever it sits."
+    )
     assert queue.num_free_blocks == 96_000
 
 
 # ---------------------------------------------------------- append(_n)
+
 
 @pytest.mark.points(1)
 def test_append_puts_a_block_at_the_back(impl):
     queue, blocks = make(impl)
     first = queue.popleft()
     queue.append(first)
-    check(queue, [1, 2, 3, 4, 0], "after popleft() then append() of block 0 "
-                                  "(the back is the last to be evicted)")
+    check(
+        queue,
+        [1, 2, 3, 4, 0],
+        "after popleft() then append() of block 0 (the back is the last to be evicted)",
+    )
 
 
 @pytest.mark.points(2)
@@ -200,14 +236,19 @@ def test_append_n_keeps_the_given_order_at_the_back(impl):
     queue, blocks = make(impl)
     queue.popleft_n(3)
     queue.append_n([blocks[2], blocks[0], blocks[1]])
-    check(queue, [3, 4, 2, 0, 1], "after popleft_n(3) then append_n([2, 0, 1]): the blocks go "
-                                  "behind 3 and 4, in the order given")
+    check(
+        queue,
+        [3, 4, 2, 0, 1],
+        "after popleft_n(3) then append_n([2, 0, 1]): the blocks go "
+        "behind 3 and 4, in the order given",
+    )
     queue.append_n([])
     check(queue, [3, 4, 2, 0, 1], "after append_n([]) (nothing changes)")
     assert [queue.popleft().block_id for _ in range(5)] == [3, 4, 2, 0, 1]
 
 
 # ---------------------------------------------------------- the LRU story
+
 
 @pytest.mark.points(2)
 def test_the_queue_is_least_recently_used_first(impl):
@@ -216,20 +257,25 @@ def test_the_queue_is_least_recently_used_first(impl):
     blocks never used go first, then the longest-free ones, and among blocks
     freed together the tail of a prefix goes before its head."""
     queue, blocks = make(impl, 8)
-    a = queue.popleft_n(3)          # request a gets blocks 0, 1, 2
-    b = queue.popleft_n(2)          # request b gets 3, 4
-    queue.append_n(list(reversed(a)))   # a finishes: tail first
-    queue.append_n(list(reversed(b)))   # then b finishes
-    check(queue, [5, 6, 7, 2, 1, 0, 4, 3],
-          "after a (blocks 0-2) and then b (3-4) were freed tail first")
+    a = queue.popleft_n(3)  # request a gets blocks 0, 1, 2
+    b = queue.popleft_n(2)  # request b gets 3, 4
+    queue.append_n(list(reversed(a)))  # a finishes: tail first
+    queue.append_n(list(reversed(b)))  # then b finishes
+    check(
+        queue,
+        [5, 6, 7, 2, 1, 0, 4, 3],
+        "after a (blocks 0-2) and then b (3-4) were freed tail first",
+    )
     got = [b.block_id for b in queue.popleft_n(5)]
     assert got == [5, 6, 7, 2, 1], (
         f"The next five blocks handed out are the three never used (5, 6, 7), then a's tail "
         f"(2, 1): a was freed before b, and a prefix's tail before its head, so a's first "
-        f"block (the one most likely shared) stays cached longest. Got {got}.")
+        f"block (the one most likely shared) stays cached longest. Got {got}."
+    )
 
 
 # -------------------------------------------------------------- properties
+
 
 @pytest.fixture
 def finished_lab(impl, monkeypatch):
@@ -248,9 +294,14 @@ def finished_lab(impl, monkeypatch):
     return impl
 
 
-OPS = st.lists(st.tuples(
-    st.sampled_from(["popleft", "popleft_n", "remove", "append", "append_n"]),
-    st.integers(0, 1000), st.randoms(use_true_random=False)), max_size=40)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["popleft", "popleft_n", "remove", "append", "append_n"]),
+        st.integers(0, 1000),
+        st.randoms(use_true_random=False),
+    ),
+    max_size=40,
+)
 
 
 @pytest.mark.points(3)
@@ -258,8 +309,8 @@ OPS = st.lists(st.tuples(
 @given(n=st.integers(0, 12), ops=OPS)
 def test_property_same_order_as_a_list_after_every_operation(finished_lab, n, ops):
     queue, blocks = make(finished_lab, n)
-    model = list(range(n))           # the queue, front first
-    out: list = []                   # blocks taken out, not yet given back
+    model = list(range(n))  # the queue, front first
+    out: list = []  # blocks taken out, not yet given back
     history = []
     for kind, x, rnd in ops:
         if kind == "popleft":
@@ -267,8 +318,10 @@ def test_property_same_order_as_a_list_after_every_operation(finished_lab, n, op
                 continue
             got = queue.popleft()
             history.append(f"popleft() -> {got.block_id}")
-            assert got.block_id == model[0], f"{history}: popleft() returned {got.block_id}, " \
+            assert got.block_id == model[0], (
+                f"{history}: popleft() returned {got.block_id}, "
                 f"expected the front block {model[0]} (queue was {model})."
+            )
             out.append(blocks[model.pop(0)])
         elif kind == "popleft_n":
             k = x % (len(model) + 1)
@@ -306,10 +359,12 @@ def test_property_same_order_as_a_list_after_every_operation(finished_lab, n, op
 
 
 @pytest.mark.points(1)
-@pytest.mark.parametrize("scenario", ["lru_reuse_and_eviction", "prefix_sharing",
-                                      "out_of_blocks_and_preemption"])
+@pytest.mark.parametrize(
+    "scenario", ["lru_reuse_and_eviction", "prefix_sharing", "out_of_blocks_and_preemption"]
+)
 def test_snapshot(impl, scenario):
     mismatch = kv_checks.snapshot_mismatch(impl, scenario)
     assert mismatch is None, (
         "Your queue, inside the reference block pool, against upstream's recorded KV cache:\n"
-        + mismatch)
+        + mismatch
+    )

@@ -31,13 +31,19 @@ from mini_vllm.grading import kv_checks
 from mini_vllm.oracle.kv_workload import walk_free_queue
 
 PROPERTY = settings(
-    max_examples=200, deadline=None, derandomize=True, database=None,
-    phases=[Phase.explicit, Phase.generate, Phase.shrink], report_multiple_bugs=False,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    report_multiple_bugs=False,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 SHRINK_SECONDS = 10
 
 
 # ------------------------------------------------------------------ helpers
+
 
 def make(impl, n: int = 6, caching: bool = True):
     return impl.block_pool.BlockPool(n, caching)
@@ -68,10 +74,12 @@ def touch(pool, blocks, where: str) -> None:
         if isinstance(e, NotImplementedError):
             raise
         refs = [b.ref_cnt for b in blocks]
-        pytest.fail(f"{where}: touch({ids(blocks)}) (ref counts {refs}) raised {e!r}. Only a "
-                    "block with ref_cnt 0 (and not the null block) sits in the free queue; "
-                    "a held block is not there, so touch must only count one more reference.",
-                    pytrace=False)
+        pytest.fail(
+            f"{where}: touch({ids(blocks)}) (ref counts {refs}) raised {e!r}. Only a "
+            "block with ref_cnt 0 (and not the null block) sits in the free queue; "
+            "a held block is not there, so touch must only count one more reference.",
+            pytrace=False,
+        )
 
 
 def h(i: int) -> bytes:
@@ -80,6 +88,7 @@ def h(i: int) -> bytes:
 
 # ----------------------------------------------------------- the null block
 
+
 @pytest.mark.points(2)
 def test_block_0_is_the_null_block_and_never_free(impl):
     pool = make(impl, 5)
@@ -87,16 +96,19 @@ def test_block_0_is_the_null_block_and_never_free(impl):
         "The constructor reserves block 0 as the null block (a placeholder that upstream's "
         "sliding-window manager puts in block tables): pool.null_block must be pool.blocks[0], "
         f"with is_null True. Got null_block={pool.null_block!r}, is_null="
-        f"{getattr(pool.null_block, 'is_null', None)}.")
+        f"{getattr(pool.null_block, 'is_null', None)}."
+    )
     assert queue(pool) == [1, 2, 3, 4] and pool.get_num_free_blocks() == 4, (
         f"A pool of 5 blocks has 4 usable ones: the null block leaves the free queue for good. "
         f"Expected queue [1, 2, 3, 4] and 4 free, got {queue(pool)} and "
-        f"{pool.get_num_free_blocks()} free.")
+        f"{pool.get_num_free_blocks()} free."
+    )
     got = ids(pool.get_new_blocks(4))
     assert got == [1, 2, 3, 4], f"Allocating all 4 usable blocks gives 1..4, never 0; got {got}."
 
 
 # ---------------------------------------------------------- get_new_blocks
+
 
 @pytest.mark.points(2)
 def test_get_new_blocks_takes_the_front_with_one_reference(impl):
@@ -105,13 +117,16 @@ def test_get_new_blocks_takes_the_front_with_one_reference(impl):
     second = pool.get_new_blocks(1)
     assert (ids(first), ids(second)) == ([1, 2], [3]), (
         f"get_new_blocks pops from the front of the free queue: [1, 2] then [3]. Got "
-        f"{ids(first)} then {ids(second)}.")
+        f"{ids(first)} then {ids(second)}."
+    )
     assert [b.ref_cnt for b in first + second] == [1, 1, 1], (
         f"A block handed to a request has exactly one reference; got ref_cnt "
-        f"{[b.ref_cnt for b in first + second]}.")
+        f"{[b.ref_cnt for b in first + second]}."
+    )
     assert queue(pool) == [4, 5] and pool.get_num_free_blocks() == 2, (
         f"After taking 3 of 5 usable blocks the queue holds [4, 5]; got {queue(pool)}, "
-        f"{pool.get_num_free_blocks()} free.")
+        f"{pool.get_num_free_blocks()} free."
+    )
     assert pool.get_new_blocks(0) == [], "get_new_blocks(0) returns [] and takes nothing."
 
 
@@ -119,25 +134,31 @@ def test_get_new_blocks_takes_the_front_with_one_reference(impl):
 def test_get_new_blocks_beyond_the_free_count_raises_and_takes_nothing(impl):
     pool = make(impl, 4)
     pool.get_new_blocks(1)
-    kv_checks.expect_raises(ValueError, lambda: pool.get_new_blocks(3),
-                            "get_new_blocks(3) with 2 blocks free must raise ValueError.")
+    kv_checks.expect_raises(
+        ValueError,
+        lambda: pool.get_new_blocks(3),
+        "get_new_blocks(3) with 2 blocks free must raise ValueError.",
+    )
     assert queue(pool) == [2, 3] and pool.get_num_free_blocks() == 2, (
         f"get_new_blocks(3) with 2 free raises ValueError BEFORE taking anything (the "
         f"manager checks capacity first, so this is a bug guard): the queue must still be "
-        f"[2, 3], got {queue(pool)}.")
+        f"[2, 3], got {queue(pool)}."
+    )
 
 
 # ------------------------------------------------------------- free_blocks
 
+
 @pytest.mark.points(2)
 def test_free_blocks_appends_in_the_given_order(impl):
     pool = make(impl)
-    a = pool.get_new_blocks(3)                      # blocks 1, 2, 3
+    a = pool.get_new_blocks(3)  # blocks 1, 2, 3
     pool.free_blocks([a[2], a[0], a[1]])
     assert queue(pool) == [4, 5, 3, 1, 2], (
         f"free_blocks([3, 1, 2]) drops each block to ref_cnt 0 and appends them at the back "
         f"in the order given (the first given is evicted first): expected queue "
-        f"[4, 5, 3, 1, 2], got {queue(pool)}.")
+        f"[4, 5, 3, 1, 2], got {queue(pool)}."
+    )
     assert [b.ref_cnt for b in a] == [0, 0, 0]
 
 
@@ -148,7 +169,8 @@ def test_free_blocks_takes_a_one_shot_iterator(impl):
     pool.free_blocks(reversed(a))
     assert queue(pool) == [4, 5, 3, 2, 1], (
         f"KVCacheManager.free passes reversed(blocks), an iterator you can walk only once. "
-        f"Expected queue [4, 5, 3, 2, 1], got {queue(pool)}: make a list of it first.")
+        f"Expected queue [4, 5, 3, 2, 1], got {queue(pool)}: make a list of it first."
+    )
 
 
 @pytest.mark.points(2)
@@ -161,11 +183,13 @@ def test_a_shared_block_is_freed_only_by_its_last_holder(impl):
     assert blk.ref_cnt == 1 and 1 not in queue(pool), (
         f"Block 1 is held by two requests; after one frees it, ref_cnt is 1 and it must NOT "
         f"be in the free queue (the other request still reads its KV). Got ref_cnt "
-        f"{blk.ref_cnt}, queue {queue(pool)}.")
+        f"{blk.ref_cnt}, queue {queue(pool)}."
+    )
     pool.free_blocks([blk])
     assert blk.ref_cnt == 0 and queue(pool)[-1] == 1, (
         f"When the last holder frees it, it joins the back of the queue. Got ref_cnt "
-        f"{blk.ref_cnt}, queue {queue(pool)}.")
+        f"{blk.ref_cnt}, queue {queue(pool)}."
+    )
 
 
 @pytest.mark.points(1)
@@ -174,29 +198,34 @@ def test_a_freed_block_keeps_its_hash(impl):
     blocks = pool.get_new_blocks(2)
     cache(pool, blocks, [h(1), h(2)])
     pool.free_blocks(blocks)
-    assert [b.block_hash for b in blocks] == [h(1), h(2)] and \
-        pool.get_cached_block(h(1)) is blocks[0], (
+    assert [b.block_hash for b in blocks] == [h(1), h(2)] and pool.get_cached_block(h(1)) is blocks[
+        0
+    ], (
         "Freeing does not evict: a freed block stays in the prefix cache (its hash and its "
         "entry in cached_block_hash_to_block) until get_new_blocks reuses it, so the next "
-        "request with the same prefix can still hit it.")
+        "request with the same prefix can still hit it."
+    )
 
 
 # ------------------------------------------------------------------- touch
+
 
 @pytest.mark.points(2)
 def test_touch_pulls_a_free_block_out_of_the_middle_of_the_queue(impl):
     pool = make(impl)
     a = pool.get_new_blocks(3)
-    pool.free_blocks(reversed(a))                   # queue [4, 5, 3, 2, 1]
+    pool.free_blocks(reversed(a))  # queue [4, 5, 3, 2, 1]
     touch(pool, [a[1]], "a hit on free block 2")
     assert a[1].ref_cnt == 1 and queue(pool) == [4, 5, 3, 1], (
         f"touch() on a free block (ref_cnt 0: it sits in the free queue) removes it from the "
         f"queue and takes a reference. Expected ref_cnt 1 and queue [4, 5, 3, 1], got "
-        f"{a[1].ref_cnt} and {queue(pool)}.")
+        f"{a[1].ref_cnt} and {queue(pool)}."
+    )
     touch(pool, [a[1]], "a second hit on block 2, now held")
     assert a[1].ref_cnt == 2 and queue(pool) == [4, 5, 3, 1], (
         f"touch() on a held block only counts one more reference; the queue is untouched. "
-        f"Got ref_cnt {a[1].ref_cnt}, queue {queue(pool)}.")
+        f"Got ref_cnt {a[1].ref_cnt}, queue {queue(pool)}."
+    )
     assert pool.get_num_free_blocks() == 4
 
 
@@ -208,32 +237,38 @@ def test_touch_on_the_null_block_leaves_the_queue_alone(impl):
     except RuntimeError as e:
         if isinstance(e, NotImplementedError):
             raise
-        pytest.fail(f"touch([null block]) raised {e!r}: the null block has ref_cnt 0 but is "
-                    "never in the free queue, so touch must not try to remove it.",
-                    pytrace=False)
+        pytest.fail(
+            f"touch([null block]) raised {e!r}: the null block has ref_cnt 0 but is "
+            "never in the free queue, so touch must not try to remove it.",
+            pytrace=False,
+        )
     assert queue(pool) == [1, 2, 3, 4, 5]
 
 
 # ---------------------------------------------------------------- eviction
 
+
 @pytest.mark.points(2)
 def test_reusing_a_cached_block_evicts_it(impl):
-    pool = make(impl, 4)                            # usable: 1, 2, 3
-    a = pool.get_new_blocks(2)                      # 1, 2
+    pool = make(impl, 4)  # usable: 1, 2, 3
+    a = pool.get_new_blocks(2)  # 1, 2
     cache(pool, a, [h(1), h(2)])
-    pool.free_blocks(reversed(a))                   # queue [3, 2, 1]
-    got = pool.get_new_blocks(2)                    # 3 (never cached), then 2
+    pool.free_blocks(reversed(a))  # queue [3, 2, 1]
+    got = pool.get_new_blocks(2)  # 3 (never cached), then 2
     assert ids(got) == [3, 2]
     assert a[1].block_hash is None and pool.get_cached_block(h(2)) is None, (
         f"get_new_blocks handed out block 2, which was cached under h(2): its KV is about to "
         f"be overwritten, so it must leave the prefix cache first (block_hash reset, entry "
         f"removed). Got block_hash={a[1].block_hash!r}, lookup of h(2) -> "
-        f"{pool.get_cached_block(h(2))!r}.")
+        f"{pool.get_cached_block(h(2))!r}."
+    )
     assert h(2) not in pool.cached_block_hash_to_block, (
         "Once no block is left under a hash, drop the hash's entry from "
-        "cached_block_hash_to_block (no empty dicts left behind).")
+        "cached_block_hash_to_block (no empty dicts left behind)."
+    )
     assert pool.get_cached_block(h(1)) is a[0] and a[0].block_hash == h(1), (
-        "Block 1 was not reused: it must stay cached.")
+        "Block 1 was not reused: it must stay cached."
+    )
     assert [b.ref_cnt for b in got] == [1, 1]
 
 
@@ -242,15 +277,16 @@ def test_eviction_removes_only_that_block_when_two_share_a_hash(impl):
     pool = make(impl)
     x, y = pool.get_new_blocks(2)
     cache(pool, [x], [h(7)])
-    cache(pool, [y], [h(7)])                        # same contents computed twice
+    cache(pool, [y], [h(7)])  # same contents computed twice
     pool.free_blocks([x])
-    pool.get_new_blocks(3)                          # 3, 4, 5: x is still free
-    (reused,) = pool.get_new_blocks(1)              # now x is reused
+    pool.get_new_blocks(3)  # 3, 4, 5: x is still free
+    (reused,) = pool.get_new_blocks(1)  # now x is reused
     assert reused is x and x.block_hash is None
     assert pool.get_cached_block(h(7)) is y, (
         f"Blocks 1 and 2 both carried h(7); evicting block 1 must remove only block 1 from "
         f"cached_block_hash_to_block[h(7)]: block 2 is still a valid hit. Lookup returned "
-        f"{pool.get_cached_block(h(7))!r}.")
+        f"{pool.get_cached_block(h(7))!r}."
+    )
 
 
 @pytest.mark.points(1)
@@ -268,15 +304,17 @@ def test_maybe_evict_says_whether_it_evicted(impl):
 def test_with_caching_off_allocation_never_touches_the_cache(impl):
     pool = make(impl, caching=False)
     a = pool.get_new_blocks(2)
-    cache(pool, a[:1], [h(9)])      # a stray entry: caching off must not look at it
+    cache(pool, a[:1], [h(9)])  # a stray entry: caching off must not look at it
     pool.free_blocks(a)
     pool.get_new_blocks(5)
     assert a[0].block_hash == h(9), (
         "With enable_caching False, get_new_blocks must not evict (there is no prefix cache "
-        "to evict from): only call _maybe_evict_cached_block when caching is on.")
+        "to evict from): only call _maybe_evict_cached_block when caching is on."
+    )
 
 
 # -------------------------------------------------------------- properties
+
 
 @pytest.fixture
 def finished_lab(impl, monkeypatch):
@@ -294,9 +332,14 @@ def finished_lab(impl, monkeypatch):
     return impl
 
 
-STEPS = st.lists(st.tuples(st.sampled_from(["alloc", "free", "touch", "cache"]),
-                           st.integers(0, 1000), st.randoms(use_true_random=False)),
-                 max_size=40)
+STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["alloc", "free", "touch", "cache"]),
+        st.integers(0, 1000),
+        st.randoms(use_true_random=False),
+    ),
+    max_size=40,
+)
 
 
 @pytest.mark.points(2)
@@ -307,9 +350,9 @@ def test_property_the_books_always_balance(finished_lab, n, caching, steps):
     kept beside yours; after every operation they must agree, and the
     prefix cache must list exactly the blocks that carry a hash."""
     pool = make(finished_lab, n, caching)
-    model = list(range(1, n))           # free queue, front first
+    model = list(range(1, n))  # free queue, front first
     refs = {i: 0 for i in range(1, n)}
-    hashes = {}                          # block id -> hash
+    hashes = {}  # block id -> hash
     history = []
     for kind, x, rnd in steps:
         if kind == "alloc":
@@ -357,16 +400,25 @@ def test_property_the_books_always_balance(finished_lab, n, caching, steps):
         listed = sorted(b for blocks in pool.cached_block_hash_to_block.values() for b in blocks)
         assert listed == sorted(hashes), (
             f"{where}: the prefix cache lists blocks {listed}, but the blocks carrying a hash "
-            f"are {sorted(hashes)}.")
+            f"are {sorted(hashes)}."
+        )
         for i, value in hashes.items():
             assert pool.blocks[i].block_hash == value, f"{where}: block {i} lost its hash"
 
 
 @pytest.mark.points(1)
-@pytest.mark.parametrize("scenario", ["lru_reuse_and_eviction", "duplicate_hashes",
-                                      "out_of_blocks_and_preemption", "prefix_sharing"])
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "lru_reuse_and_eviction",
+        "duplicate_hashes",
+        "out_of_blocks_and_preemption",
+        "prefix_sharing",
+    ],
+)
 def test_snapshot(impl, scenario):
     mismatch = kv_checks.snapshot_mismatch(impl, scenario)
     assert mismatch is None, (
         "Your block pool, inside the reference KV cache manager, against upstream's recorded "
-        "KV cache:\n" + mismatch)
+        "KV cache:\n" + mismatch
+    )

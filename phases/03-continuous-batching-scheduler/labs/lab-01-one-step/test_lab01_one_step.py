@@ -39,6 +39,7 @@ pytestmark = pytest.mark.timeout(15)
 
 # ------------------------------------------------------------------ helpers
 
+
 def make(impl, **config):
     """A scheduler of the class under grade (``create_scheduler`` keywords)."""
     return mini.create_scheduler(scheduler_cls=impl.scheduler.Scheduler, **config)
@@ -47,8 +48,12 @@ def make(impl, **config):
 def requests(ids, lengths, block_size=16, **kwargs):
     """One request per id; the prompt of id i is ``[i + 1] * lengths[i]``."""
     return mini.create_requests(
-        len(ids), req_ids=list(ids), block_size=block_size,
-        prompt_token_ids=[[i + 1] * n for i, n in enumerate(lengths)], **kwargs)
+        len(ids),
+        req_ids=list(ids),
+        block_size=block_size,
+        prompt_token_ids=[[i + 1] * n for i, n in enumerate(lengths)],
+        **kwargs,
+    )
 
 
 def explain(error: BaseException) -> str | None:
@@ -56,27 +61,35 @@ def explain(error: BaseException) -> str | None:
     reference's own code (its end-of-step asserts, allocate_slots)."""
     line = traceback.extract_tb(error.__traceback__)[-1].line
     if isinstance(error, AssertionError) and "total_num_scheduled_tokens" in (line or ""):
-        hint = ("the step handed out more tokens than max_num_batched_tokens: every "
-                "scheduled request (running or admitted) must charge token_budget")
+        hint = (
+            "the step handed out more tokens than max_num_batched_tokens: every "
+            "scheduled request (running or admitted) must charge token_budget"
+        )
     elif isinstance(error, AssertionError) and "max_num_running_reqs" in (line or ""):
         hint = "more requests are running than max_num_seqs: look at gate 3"
     elif isinstance(error, AssertionError) and "token_budget >= 0" in (line or ""):
         hint = "token_budget went negative: something was scheduled past the budget"
     elif isinstance(error, AssertionError) and "Only running requests" in str(error):
-        hint = ("a request in self.running is not RUNNING, so it cannot be preempted: an "
-                "admitted request must be marked RUNNING (request.status)")
+        hint = (
+            "a request in self.running is not RUNNING, so it cannot be preempted: an "
+            "admitted request must be marked RUNNING (request.status)"
+        )
     elif isinstance(error, ValueError) and "num_new_tokens" in str(error):
-        hint = ("allocate_slots was asked for 0 tokens: a request was admitted with no "
-                "token budget left (gate 2 must stop admissions when token_budget <= 0)")
+        hint = (
+            "allocate_slots was asked for 0 tokens: a request was admitted with no "
+            "token budget left (gate 2 must stop admissions when token_budget <= 0)"
+        )
     else:
         return None
     detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     return f"schedule() tripped `{line}` ({detail}): {hint}."
 
 
-ENDLESS = ("the reference finishes every workload here in a few hundred steps at most. Some "
-           "request is never scheduled again or never finishes: look for a count that stops "
-           "advancing.")
+ENDLESS = (
+    "the reference finishes every workload here in a few hundred steps at most. Some "
+    "request is never scheduled again or never finishes: look for a count that stops "
+    "advancing."
+)
 STEPPER = Stepper(explain)
 explained, schedule, step = STEPPER.explained, STEPPER.schedule, STEPPER.step
 
@@ -91,6 +104,7 @@ def run_checked(cls, workload) -> None:
 
 # ------------------------------------------------- 1. _clamp_new_tokens
 
+
 @pytest.mark.points(1)
 def test_clamp_threshold_caps_a_long_request(impl):
     sched = make(impl, max_model_len=100, long_prefill_token_threshold=10)
@@ -98,16 +112,19 @@ def test_clamp_threshold_caps_a_long_request(impl):
     got = sched._clamp_new_tokens(req, 50, 1000)
     assert got == 10, (
         f"Cap 1 (long_prefill_token_threshold): threshold=10, the request wants 50 tokens, "
-        f"budget 1000, nothing computed yet: expected 10, got {got}.")
+        f"budget 1000, nothing computed yet: expected 10, got {got}."
+    )
     got = sched._clamp_new_tokens(req, 8, 1000)
     assert got == 8, (
         f"A threshold only lowers: threshold=10 and the request wants 8 tokens: "
-        f"expected 8, got {got}.")
+        f"expected 8, got {got}."
+    )
     no_threshold = make(impl, max_model_len=100, long_prefill_token_threshold=0)
     got = no_threshold._clamp_new_tokens(req, 50, 1000)
     assert got == 50, (
         f"long_prefill_token_threshold=0 means NO threshold (upstream: `if 0 < threshold "
-        f"< num_new_tokens`): a request wanting 50 with budget 1000 gets 50, got {got}.")
+        f"< num_new_tokens`): a request wanting 50 with budget 1000 gets 50, got {got}."
+    )
 
 
 @pytest.mark.points(1)
@@ -117,10 +134,12 @@ def test_clamp_budget_caps_the_step(impl):
     got = sched._clamp_new_tokens(req, 50, 7)
     assert got == 7, (
         f"Cap 2 (token budget): 7 tokens of budget are left this step, the request "
-        f"wants 50 (threshold 10): expected 7, got {got}.")
+        f"wants 50 (threshold 10): expected 7, got {got}."
+    )
     got = sched._clamp_new_tokens(req, 5, 7)
     assert got == 5, (
-        f"The budget only lowers: the request wants 5 and 7 are left: expected 5, got {got}.")
+        f"The budget only lowers: the request wants 5 and 7 are left: expected 5, got {got}."
+    )
 
 
 @pytest.mark.points(2)
@@ -135,33 +154,44 @@ def test_clamp_never_reaches_max_model_len(impl):
             f"the request wants {wanted}, budget 1000: at most max_model_len - 1 - "
             f"num_computed_tokens = {100 - 1 - computed} may be computed, so expected "
             f"{expected}, got {got}. (The `- 1`: the token that would sit at position "
-            f"max_model_len - 1 is never fed to the model; 0 means 'skip this request'.)")
+            f"max_model_len - 1 is never fed to the model; 0 means 'skip this request'.)"
+        )
 
 
 @pytest.mark.points(1)
 @PROPERTY
-@given(threshold=st.sampled_from([0, 1, 3, 8, 32]), max_model_len=st.integers(8, 200),
-       data=st.data())
+@given(
+    threshold=st.sampled_from([0, 1, 3, 8, 32]), max_model_len=st.integers(8, 200), data=st.data()
+)
 def test_clamp_is_the_minimum_of_the_three_caps(impl, threshold, max_model_len, data):
     computed = data.draw(st.integers(0, max_model_len - 1), label="num_computed_tokens")
     wanted = data.draw(st.integers(1, 300), label="num_new_tokens")
     budget = data.draw(st.integers(1, 300), label="token_budget")
-    sched = make(impl, max_model_len=max_model_len, long_prefill_token_threshold=threshold,
-                 block_size=16, num_blocks=cdiv(max_model_len, 16) + 1, max_num_seqs=1,
-                 max_num_batched_tokens=max_model_len)
+    sched = make(
+        impl,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=threshold,
+        block_size=16,
+        num_blocks=cdiv(max_model_len, 16) + 1,
+        max_num_seqs=1,
+        max_num_batched_tokens=max_model_len,
+    )
     (req,) = requests(["r"], [max_model_len - 1])
     req.num_computed_tokens = computed
-    expected = min(wanted, threshold if threshold > 0 else wanted, budget,
-                   max_model_len - 1 - computed)
+    expected = min(
+        wanted, threshold if threshold > 0 else wanted, budget, max_model_len - 1 - computed
+    )
     got = sched._clamp_new_tokens(req, wanted, budget)
     assert got == expected, (
         f"_clamp_new_tokens(num_new_tokens={wanted}, token_budget={budget}) with "
         f"threshold={threshold}, max_model_len={max_model_len}, num_computed_tokens="
         f"{computed}: expected min(wanted, threshold if > 0, budget, max_model_len - 1 - "
-        f"computed) = {expected}, got {got}.")
+        f"computed) = {expected}, got {got}."
+    )
 
 
 # ------------------------------- 2. Phase 1: schedule RUNNING requests
+
 
 @pytest.mark.points(2)
 def test_running_requests_are_scheduled_in_order_and_charged(impl):
@@ -178,14 +208,17 @@ def test_running_requests_are_scheduled_in_order_and_charged(impl):
         f"Phase 1 must schedule both, in running order, 1 token each: expected "
         f"{{'a': 1, 'b': 1, ...}}, got {got}. Each scheduled running request is recorded "
         f"(scheduled_running_reqs, req_to_new_blocks, num_scheduled_tokens) and then "
-        f"req_index moves on to the next one.")
+        f"req_index moves on to the next one."
+    )
     assert out.scheduled_cached_reqs.req_ids[:2] == ["a", "b"], (
         f"Step 1: a and b must be listed in scheduled_running_reqs (they become "
-        f"scheduled_cached_reqs): got {out.scheduled_cached_reqs.req_ids}.")
+        f"scheduled_cached_reqs): got {out.scheduled_cached_reqs.req_ids}."
+    )
     assert got.get("c") == 14, (
         f"Step 1: the budget is 16 and Phase 1 spent 1 + 1 on a and b, so c's first chunk "
         f"is the 14 tokens left: expected c=14, got {got.get('c')} (scheduled: {got}). "
-        f"Phase 1 must charge the budget: token_budget -= num_new_tokens.")
+        f"Phase 1 must charge the budget: token_budget -= num_new_tokens."
+    )
 
 
 @pytest.mark.points(1)
@@ -197,15 +230,18 @@ def test_running_request_memory_is_recorded(impl):
     out = schedule(sched, "step 1")
     cached = out.scheduled_cached_reqs
     assert cached.req_ids == ["a"], (
-        f"Step 1: a is running and must be scheduled; got {cached.req_ids}.")
+        f"Step 1: a is running and must be scheduled; got {cached.req_ids}."
+    )
     held = sched.kv_cache_manager.get_block_ids("a")[0]
     assert cached.new_block_ids[0] is not None and list(cached.new_block_ids[0][0]) == held[2:], (
         f"Step 1: a's 9th token needs a third block; the workers learn it from "
         f"req_to_new_blocks[a] (the blocks allocate_slots returned): expected new block ids "
-        f"{held[2:]}, got {cached.new_block_ids[0]}.")
+        f"{held[2:]}, got {cached.new_block_ids[0]}."
+    )
 
 
 # ---------------------------------------------- 3. the three admission gates
+
 
 @pytest.mark.points(1)
 def test_gate_max_num_seqs(impl):
@@ -216,11 +252,13 @@ def test_gate_max_num_seqs(impl):
     out = step(sched, "step 0")
     assert list(out.num_scheduled_tokens) == ["a", "b"], (
         f"Gate 3 (max_num_seqs=2): a and b fill the batch, c must wait. Scheduled in "
-        f"step 0: {list(out.num_scheduled_tokens)}; expected ['a', 'b'].")
+        f"step 0: {list(out.num_scheduled_tokens)}; expected ['a', 'b']."
+    )
     out = step(sched, "step 1")
     assert "c" not in out.num_scheduled_tokens and ids(sched.waiting) == ["c"], (
         f"Gate 3 (max_num_seqs=2): step 1 still has a and b running, so c stays waiting; "
-        f"scheduled {dict(out.num_scheduled_tokens)}, waiting {ids(sched.waiting)}.")
+        f"scheduled {dict(out.num_scheduled_tokens)}, waiting {ids(sched.waiting)}."
+    )
 
 
 @pytest.mark.points(1)
@@ -233,19 +271,29 @@ def test_gate_no_admission_without_budget(impl):
     assert dict(out.num_scheduled_tokens) == {"a": 10}, (
         f"Gate 2 (token budget): a's 10 tokens use the whole budget of 10, so b may not be "
         f"admitted this step (not even with 0 tokens). Expected {{'a': 10}}, got "
-        f"{dict(out.num_scheduled_tokens)}.")
+        f"{dict(out.num_scheduled_tokens)}."
+    )
     assert b.status == RequestStatus.WAITING and ids(sched.waiting) == ["b"], (
         f"Gate 2: b must still be WAITING at the head of the queue; status {b.status.name}, "
-        f"waiting {ids(sched.waiting)}.")
+        f"waiting {ids(sched.waiting)}."
+    )
 
 
 @pytest.mark.points(2)
 def test_gate_no_admission_in_a_step_that_preempted(impl):
     # PRIORITY policy, 7 usable blocks of 4 tokens, at most 3 running.
-    sched = make(impl, num_blocks=8, block_size=4, max_model_len=28, max_num_batched_tokens=64,
-                 max_num_seqs=3, policy="priority")
-    a, b, c, d = requests("abcd", [7, 7, 11, 3], block_size=4, priorities=[0, 0, 2, 1],
-                          max_tokens=10, ignore_eos=True)
+    sched = make(
+        impl,
+        num_blocks=8,
+        block_size=4,
+        max_model_len=28,
+        max_num_batched_tokens=64,
+        max_num_seqs=3,
+        policy="priority",
+    )
+    a, b, c, d = requests(
+        "abcd", [7, 7, 11, 3], block_size=4, priorities=[0, 0, 2, 1], max_tokens=10, ignore_eos=True
+    )
     for r in (a, b, c):
         sched.add_request(r)
     step(sched, "step 0 (a, b, c prefill: 2 + 2 + 3 blocks = the whole cache)")
@@ -255,19 +303,23 @@ def test_gate_no_admission_in_a_step_that_preempted(impl):
     assert out.preempted_req_ids == {"c"}, (
         f"Step 2: a's 9th token needs a block and none is free, so c (worst priority) is "
         f"preempted (lab 03.3's code, the reference here). Expected preempted {{'c'}}, got "
-        f"{out.preempted_req_ids}: a running request was not scheduled as expected.")
+        f"{out.preempted_req_ids}: a running request was not scheduled as expected."
+    )
     assert "d" not in out.num_scheduled_tokens and d.status == RequestStatus.WAITING, (
         f"Gate 1 (no admissions in a step that preempted): c's preemption freed a block "
         f"and a seat, and d (3 tokens, 1 block) would fit, but a step that had to preempt "
         f"is under memory pressure: admitting now would only thrash. Expected d to wait, "
-        f"got scheduled {dict(out.num_scheduled_tokens)} (d is {d.status.name}).")
+        f"got scheduled {dict(out.num_scheduled_tokens)} (d is {d.status.name})."
+    )
     out = step(sched, "step 3")
     assert out.num_scheduled_tokens.get("d") == 3, (
         f"Step 3: no preemption, a free block and a free seat: d is admitted with its 3 "
-        f"tokens; got {dict(out.num_scheduled_tokens)}.")
+        f"tokens; got {dict(out.num_scheduled_tokens)}."
+    )
 
 
 # ------------------------------------- 4. Phase 2: admit WAITING requests
+
 
 @pytest.mark.points(1)
 def test_admitted_request_is_running_with_its_blocks(impl):
@@ -277,16 +329,19 @@ def test_admitted_request_is_running_with_its_blocks(impl):
     out = schedule(sched, "step 0")
     assert dict(out.num_scheduled_tokens) == {"a": 20}, (
         f"Step 0: a (20-token prompt) fits the budget: expected {{'a': 20}}, got "
-        f"{dict(out.num_scheduled_tokens)}.")
+        f"{dict(out.num_scheduled_tokens)}."
+    )
     assert a.status == RequestStatus.RUNNING and ids(sched.running) == ["a"], (
         f"An admitted request is marked RUNNING (request.status = RequestStatus.RUNNING); "
-        f"a is {a.status.name}, running = {ids(sched.running)}.")
+        f"a is {a.status.name}, running = {ids(sched.running)}."
+    )
     (new,) = out.scheduled_new_reqs
     held = sched.kv_cache_manager.get_block_ids("a")[0]
     assert list(new.block_ids[0]) == held and len(held) == 2, (
         f"A new request's workers need its whole block table: req_to_new_blocks[a] = "
         f"kv_cache_manager.get_blocks(a) (2 blocks of 16 for 20 tokens {held}); "
-        f"scheduled_new_reqs[0].block_ids = {new.block_ids}.")
+        f"scheduled_new_reqs[0].block_ids = {new.block_ids}."
+    )
 
 
 @pytest.mark.points(1)
@@ -299,15 +354,17 @@ def test_admission_charges_the_budget(impl):
     assert dict(out.num_scheduled_tokens) == {"a": 20, "b": 12}, (
         f"Step 0, budget 32: a is admitted with 20 tokens, leaving 12 for b's first chunk. "
         f"Expected {{'a': 20, 'b': 12}}, got {dict(out.num_scheduled_tokens)}. After "
-        f"admitting, token_budget -= num_new_tokens.")
+        f"admitting, token_budget -= num_new_tokens."
+    )
 
 
 @pytest.mark.points(2)
 def test_prefix_cache_hits_count_as_computed(impl):
     shared = [7] * 32  # two full blocks of 16
     sched = make(impl, max_model_len=256, enable_prefix_caching=True)
-    (a,) = mini.create_requests(1, req_ids=["a"], prompt_token_ids=[shared + [1] * 10],
-                                max_tokens=1)
+    (a,) = mini.create_requests(
+        1, req_ids=["a"], prompt_token_ids=[shared + [1] * 10], max_tokens=1
+    )
     sched.add_request(a)
     step(sched, "step 0 (a computes and caches the shared 32 tokens, then finishes)")
     (b,) = mini.create_requests(1, req_ids=["b"], prompt_token_ids=[shared + [2] * 5])
@@ -317,19 +374,23 @@ def test_prefix_cache_hits_count_as_computed(impl):
     assert new.num_computed_tokens == 32, (
         f"Step 1: b's first 32 tokens are two cached blocks (prefix hit), so b starts with "
         f"num_computed_tokens = 32 (request.num_computed_tokens = num_computed_tokens at "
-        f"admission); the workers were told {new.num_computed_tokens}.")
+        f"admission); the workers were told {new.num_computed_tokens}."
+    )
     held = sched.kv_cache_manager.get_block_ids("b")[0]
     assert list(new.block_ids[0]) == held and len(held) == 3, (
         f"Step 1: the workers get b's WHOLE block table, its 2 cached blocks included: "
         f"req_to_new_blocks[b] = kv_cache_manager.get_blocks(b) = {held}, not only the "
-        f"block allocate_slots just added. Got {list(new.block_ids[0])}.")
+        f"block allocate_slots just added. Got {list(new.block_ids[0])}."
+    )
     assert out.num_scheduled_tokens.get("b") == 5 and b.num_computed_tokens == 37, (
         f"Step 1: only b's 5 uncached tokens are computed: expected 5 scheduled and "
         f"num_computed_tokens 37 after the step, got {out.num_scheduled_tokens.get('b')} and "
-        f"{b.num_computed_tokens}.")
+        f"{b.num_computed_tokens}."
+    )
 
 
 # ---------------------------------------------------------------- properties
+
 
 def invariant_checker(cls):
     """The class under grade, checking one-step rules after every schedule()."""
@@ -341,36 +402,47 @@ def invariant_checker(cls):
             cfg = self.scheduler_config
             scheduled = dict(out.num_scheduled_tokens)
             where = f"a step with {running_before} running before it, scheduled {scheduled}"
-            assert sum(scheduled.values()) == out.total_num_scheduled_tokens <= \
-                self.max_num_scheduled_tokens, (
+            assert (
+                sum(scheduled.values())
+                == out.total_num_scheduled_tokens
+                <= self.max_num_scheduled_tokens
+            ), (
                 f"Budget: {where}: total {out.total_num_scheduled_tokens} must equal the sum "
-                f"and stay <= max_num_batched_tokens={self.max_num_scheduled_tokens}.")
+                f"and stay <= max_num_batched_tokens={self.max_num_scheduled_tokens}."
+            )
             assert len(self.running) <= self.max_num_running_reqs, (
                 f"max_num_seqs={self.max_num_running_reqs}: {len(self.running)} running "
-                f"after {where}.")
+                f"after {where}."
+            )
             assert all(n > 0 for n in scheduled.values()), (
                 f"A request is scheduled with 0 tokens in {where}: a request the clamp gives "
-                f"0 is skipped, and no admission happens without budget.")
+                f"0 is skipped, and no admission happens without budget."
+            )
             threshold = cfg.long_prefill_token_threshold
             for req_id, n in scheduled.items():
                 req = self.requests[req_id]
                 assert threshold == 0 or n <= threshold, (
                     f"{req_id} got {n} tokens > long_prefill_token_threshold={threshold} "
-                    f"in {where}.")
+                    f"in {where}."
+                )
                 assert req.num_computed_tokens <= min(req.num_tokens, self.max_model_len - 1), (
                     f"{req_id}: after {where} it has {req.num_computed_tokens} computed of "
                     f"{req.num_tokens} tokens (max_model_len={self.max_model_len}): "
-                    f"never past its tokens, never at position max_model_len - 1.")
+                    f"never past its tokens, never at position max_model_len - 1."
+                )
             if out.preempted_req_ids:
-                admitted = [d.req_id for d in out.scheduled_new_reqs] + \
-                    sorted(out.scheduled_cached_reqs.resumed_req_ids)
+                admitted = [d.req_id for d in out.scheduled_new_reqs] + sorted(
+                    out.scheduled_cached_reqs.resumed_req_ids
+                )
                 assert not admitted, (
                     f"Gate 1: {where} preempted {sorted(out.preempted_req_ids)} and still "
-                    f"admitted {admitted}.")
+                    f"admitted {admitted}."
+                )
             for d in out.scheduled_new_reqs:
                 assert self.requests[d.req_id].status == RequestStatus.RUNNING, (
                     f"{d.req_id} was admitted in {where} but is "
-                    f"{self.requests[d.req_id].status.name}, not RUNNING.")
+                    f"{self.requests[d.req_id].status.name}, not RUNNING."
+                )
             return out
 
     return Checked
@@ -397,12 +469,14 @@ def test_property_one_step_invariants(impl, workload):
 @PROPERTY
 @given(workload=strategies.workloads())
 def test_property_same_trace_as_the_reference(impl, workload):
-    mismatch = checks.reference_mismatch(explained(impl.scheduler.Scheduler), workload,
-                                         max_steps=MAX_STEPS)
+    mismatch = checks.reference_mismatch(
+        explained(impl.scheduler.Scheduler), workload, max_steps=MAX_STEPS
+    )
     assert mismatch is None, "Your scheduler and the reference differ:\n" + mismatch
 
 
 # ------------------------------------------------- upstream's recorded traces
+
 
 @pytest.mark.points(2)
 @pytest.mark.parametrize("scenario", ["admission_gates", "admission_without_full_prompt_gate"])

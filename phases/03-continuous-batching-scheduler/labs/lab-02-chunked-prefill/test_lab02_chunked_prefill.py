@@ -35,6 +35,7 @@ pytestmark = pytest.mark.timeout(15)
 
 # ------------------------------------------------------------------ helpers
 
+
 def make(impl, **config):
     """A scheduler of the class under grade (``create_scheduler`` keywords)."""
     return mini.create_scheduler(scheduler_cls=impl.scheduler.Scheduler, **config)
@@ -43,8 +44,12 @@ def make(impl, **config):
 def requests(ids, lengths, block_size=16, **kwargs):
     """One request per id; the prompt of id i is ``[i + 1] * lengths[i]``."""
     return mini.create_requests(
-        len(ids), req_ids=list(ids), block_size=block_size,
-        prompt_token_ids=[[i + 1] * n for i, n in enumerate(lengths)], **kwargs)
+        len(ids),
+        req_ids=list(ids),
+        block_size=block_size,
+        prompt_token_ids=[[i + 1] * n for i, n in enumerate(lengths)],
+        **kwargs,
+    )
 
 
 def explain(error: BaseException) -> str | None:
@@ -52,14 +57,18 @@ def explain(error: BaseException) -> str | None:
     reference's own code (its end-of-step asserts, allocate_slots)."""
     line = traceback.extract_tb(error.__traceback__)[-1].line or ""
     if isinstance(error, AssertionError) and "total_num_scheduled_tokens" in line:
-        hint = ("the step handed out more tokens than max_num_batched_tokens: a waiting "
-                "request's chunk is at most the budget left (min(num_new_tokens, "
-                "token_budget))")
+        hint = (
+            "the step handed out more tokens than max_num_batched_tokens: a waiting "
+            "request's chunk is at most the budget left (min(num_new_tokens, "
+            "token_budget))"
+        )
     elif isinstance(error, AssertionError) and "token_budget >= 0" in line:
         hint = "token_budget went negative: a chunk was larger than the budget left"
     elif isinstance(error, ValueError) and "num_new_tokens" in str(error):
-        hint = ("allocate_slots was asked for 0 (or fewer) tokens: a waiting request's "
-                "num_new_tokens must be num_tokens - num_computed_tokens, capped")
+        hint = (
+            "allocate_slots was asked for 0 (or fewer) tokens: a waiting request's "
+            "num_new_tokens must be num_tokens - num_computed_tokens, capped"
+        )
     elif isinstance(error, KeyError) and "self.requests[" in line:
         hint = "_update_after_schedule met an id that is not a live request"
     else:
@@ -68,9 +77,11 @@ def explain(error: BaseException) -> str | None:
     return f"schedule() tripped `{line}` ({detail}): {hint}."
 
 
-ENDLESS = ("the reference finishes every workload here in a few hundred steps at most. Some "
-           "request is never scheduled again or never finishes: look for a count that stops "
-           "advancing.")
+ENDLESS = (
+    "the reference finishes every workload here in a few hundred steps at most. Some "
+    "request is never scheduled again or never finishes: look for a count that stops "
+    "advancing."
+)
 STEPPER = Stepper(explain, (AssertionError, ValueError, KeyError))
 explained, schedule, step = STEPPER.explained, STEPPER.schedule, STEPPER.step
 
@@ -90,6 +101,7 @@ def run_checked(cls, workload) -> None:
 
 # ------------------------------------- 1. a waiting request's first chunk
 
+
 @pytest.mark.points(1)
 def test_a_long_prompt_is_prefilled_in_budget_sized_chunks(impl):
     sched = make(impl, max_num_batched_tokens=32, max_model_len=256)
@@ -98,7 +110,8 @@ def test_a_long_prompt_is_prefilled_in_budget_sized_chunks(impl):
     out = schedule(sched, "step 0")
     assert dict(out.num_scheduled_tokens) == {"a": 32}, (
         f"Step 0: a's prompt is 80 tokens and the budget 32. With chunked prefill the "
-        f"first chunk is min(80, 32) = 32; got {dict(out.num_scheduled_tokens)}.")
+        f"first chunk is min(80, 32) = 32; got {dict(out.num_scheduled_tokens)}."
+    )
     finish_step(sched, out)
     chunks = [32]
     for i in range(1, 6):
@@ -107,7 +120,8 @@ def test_a_long_prompt_is_prefilled_in_budget_sized_chunks(impl):
         chunks.append(step(sched, f"step {i}").num_scheduled_tokens.get("a"))
     assert chunks == [32, 32, 16], (
         f"An 80-token prompt under a budget of 32 is prefilled as 32 + 32 + 16 and samples "
-        f"its first token after the last chunk; a's chunks were {chunks}.")
+        f"its first token after the last chunk; a's chunks were {chunks}."
+    )
 
 
 @pytest.mark.points(1)
@@ -121,13 +135,19 @@ def test_a_waiting_request_gets_the_budget_left(impl):
     assert dict(out.num_scheduled_tokens) == {"a": 1, "b": 15}, (
         f"Step 1, budget 16: the running request a takes 1 token first, so waiting b "
         f"(50 tokens) gets the 15 left: num_new_tokens = min(num_new_tokens, token_budget). "
-        f"Expected {{'a': 1, 'b': 15}}, got {dict(out.num_scheduled_tokens)}.")
+        f"Expected {{'a': 1, 'b': 15}}, got {dict(out.num_scheduled_tokens)}."
+    )
 
 
 @pytest.mark.points(2)
 def test_long_prefill_threshold_caps_a_waiting_request(impl):
-    sched = make(impl, block_size=8, max_num_batched_tokens=64, max_model_len=128,
-                 long_prefill_token_threshold=12)
+    sched = make(
+        impl,
+        block_size=8,
+        max_num_batched_tokens=64,
+        max_model_len=128,
+        long_prefill_token_threshold=12,
+    )
     for r in requests("abc", [50, 9, 30], block_size=8):
         sched.add_request(r)
     out = schedule(sched, "step 0")
@@ -135,15 +155,17 @@ def test_long_prefill_threshold_caps_a_waiting_request(impl):
         f"Step 0, long_prefill_token_threshold=12, budget 64: no request takes more than "
         f"12 tokens in a step, so a (50) gets 12, b (9) all 9, c (30) 12. Expected "
         f"{{'a': 12, 'b': 9, 'c': 12}}, got {dict(out.num_scheduled_tokens)}. The threshold "
-        f"applies when 0 < threshold < num_new_tokens, before the budget.")
+        f"applies when 0 < threshold < num_new_tokens, before the budget."
+    )
 
 
 @pytest.mark.points(2)
 def test_prefix_cache_hits_are_not_prefilled_again(impl):
     shared = [7] * 32  # two full blocks of 16
     sched = make(impl, max_model_len=256, enable_prefix_caching=True)
-    (a,) = mini.create_requests(1, req_ids=["a"], prompt_token_ids=[shared + [1] * 10],
-                                max_tokens=1)
+    (a,) = mini.create_requests(
+        1, req_ids=["a"], prompt_token_ids=[shared + [1] * 10], max_tokens=1
+    )
     sched.add_request(a)
     step(sched, "step 0 (a computes and caches the shared 32 tokens, then finishes)")
     (b,) = mini.create_requests(1, req_ids=["b"], prompt_token_ids=[shared + [2] * 5])
@@ -152,14 +174,21 @@ def test_prefix_cache_hits_are_not_prefilled_again(impl):
     assert out.num_scheduled_tokens.get("b") == 5, (
         f"Step 1: b is 37 tokens and its first 32 are cached (num_computed_tokens = 32 from "
         f"the prefix cache), so it prefills num_tokens - num_computed_tokens = 5; got "
-        f"{out.num_scheduled_tokens.get('b')}.")
+        f"{out.num_scheduled_tokens.get('b')}."
+    )
 
 
 @pytest.mark.points(2)
 def test_a_resumed_request_recomputes_its_outputs_too(impl):
     # 6 usable blocks of 4: three 7-token prompts fill them and preemption follows.
-    sched = make(impl, num_blocks=7, block_size=4, max_model_len=24, max_num_batched_tokens=64,
-                 enable_prefix_caching=False)
+    sched = make(
+        impl,
+        num_blocks=7,
+        block_size=4,
+        max_model_len=24,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+    )
     for r in requests("abc", [7, 7, 7], block_size=4, max_tokens=10, ignore_eos=True):
         sched.add_request(r)
     for i in range(30):
@@ -177,13 +206,13 @@ def test_a_resumed_request_recomputes_its_outputs_too(impl):
         f"sampling {req.num_output_tokens} tokens; resuming it recomputes its prompt AND "
         f"its outputs: num_new_tokens = request.num_tokens ({req.num_tokens}) - "
         f"num_computed_tokens (0), not num_prompt_tokens ({req.num_prompt_tokens}). "
-        f"Got {out.num_scheduled_tokens[rid]}.")
+        f"Got {out.num_scheduled_tokens[rid]}."
+    )
 
 
 @pytest.mark.points(2)
 def test_without_chunked_prefill_a_prompt_goes_whole_or_waits(impl):
-    sched = make(impl, max_num_batched_tokens=100, max_model_len=100,
-                 enable_chunked_prefill=False)
+    sched = make(impl, max_num_batched_tokens=100, max_model_len=100, enable_chunked_prefill=False)
     a, b, c = requests("abc", [60, 60, 20])
     for r in (a, b, c):
         sched.add_request(r)
@@ -192,19 +221,27 @@ def test_without_chunked_prefill_a_prompt_goes_whole_or_waits(impl):
         f"Step 0, chunked prefill off, budget 100: a's 60 tokens go whole; b needs 60 but "
         f"only 40 are left, so b waits whole (no chunk) and admission STOPS there: c (20) "
         f"may not jump the queue (`break`, not skip). Expected {{'a': 60}}, got "
-        f"{dict(out.num_scheduled_tokens)}.")
+        f"{dict(out.num_scheduled_tokens)}."
+    )
     assert ids(sched.waiting) == ["b", "c"], (
-        f"Step 0: b and c must still wait, in order; waiting = {ids(sched.waiting)}.")
+        f"Step 0: b and c must still wait, in order; waiting = {ids(sched.waiting)}."
+    )
     out = schedule(sched, "step 1")
     assert dict(out.num_scheduled_tokens) == {"a": 1, "b": 60, "c": 20}, (
         f"Step 1: a decodes 1 token, 99 are left: b (60) and c (20) both fit whole. "
-        f"Expected {{'a': 1, 'b': 60, 'c': 20}}, got {dict(out.num_scheduled_tokens)}.")
+        f"Expected {{'a': 1, 'b': 60, 'c': 20}}, got {dict(out.num_scheduled_tokens)}."
+    )
 
 
 @pytest.mark.points(1)
 def test_without_chunked_prefill_the_threshold_still_applies_first(impl):
-    sched = make(impl, max_num_batched_tokens=40, max_model_len=40,
-                 enable_chunked_prefill=False, long_prefill_token_threshold=16)
+    sched = make(
+        impl,
+        max_num_batched_tokens=40,
+        max_model_len=40,
+        enable_chunked_prefill=False,
+        long_prefill_token_threshold=16,
+    )
     for r in requests("ab", [30, 30]):
         sched.add_request(r)
     out = schedule(sched, "step 0")
@@ -213,10 +250,12 @@ def test_without_chunked_prefill_the_threshold_still_applies_first(impl):
         f"request's tokens to 16 FIRST, then the whole-or-wait check compares 16 with the "
         f"budget left (24): b fits. Expected {{'a': 16, 'b': 16}}, got "
         f"{dict(out.num_scheduled_tokens)}. Order: num_tokens - computed, threshold, "
-        f"whole-or-wait, budget.")
+        f"whole-or-wait, budget."
+    )
 
 
 # --------------------------------------------- 2. _update_after_schedule
+
 
 @pytest.mark.points(2)
 def test_num_computed_tokens_advances_when_the_step_is_scheduled(impl):
@@ -228,18 +267,21 @@ def test_num_computed_tokens_advances_when_the_step_is_scheduled(impl):
         f"Right after schedule() of step 0 (before the model runs), a's 32-token chunk "
         f"already counts: num_computed_tokens 0 -> 32, and is_prefill_chunk is True "
         f"(32 < 50 tokens). Got num_computed_tokens={a.num_computed_tokens}, "
-        f"is_prefill_chunk={a.is_prefill_chunk}.")
+        f"is_prefill_chunk={a.is_prefill_chunk}."
+    )
     (new,) = out.scheduled_new_reqs
     assert new.num_computed_tokens == 0, (
         f"The output already recorded the pre-step count the runner needs (0); got "
-        f"{new.num_computed_tokens}.")
+        f"{new.num_computed_tokens}."
+    )
     finish_step(sched, out)
     schedule(sched, "step 1")
     assert (a.num_computed_tokens, a.is_prefill_chunk) == (50, False), (
         f"After schedule() of step 1 (the last 18 tokens): num_computed_tokens 32 -> 50 and "
         f"is_prefill_chunk False (50 == num_tokens: this chunk ends the prompt and samples). "
         f"Got num_computed_tokens={a.num_computed_tokens}, "
-        f"is_prefill_chunk={a.is_prefill_chunk}.")
+        f"is_prefill_chunk={a.is_prefill_chunk}."
+    )
 
 
 @pytest.mark.points(2)
@@ -254,18 +296,22 @@ def test_finished_ids_are_reported_once_in_a_new_set(impl):
         f"Step 1's output tells the workers which requests finished since the last "
         f"schedule(): expected {{'a'}}, got {out1.finished_req_ids}. (_update_after_schedule "
         f"runs after the output was built: replace self.finished_req_ids with a NEW set; "
-        f"`.clear()` would empty the set this output holds.)")
+        f"`.clear()` would empty the set this output holds.)"
+    )
     out2 = schedule(sched, "step 2")
     assert out2.finished_req_ids == {"b"}, (
         f"Step 2 reports only b (finished in step 1); a was already reported in step 1. "
-        f"Got {out2.finished_req_ids}: start a new set after every schedule().")
+        f"Got {out2.finished_req_ids}: start a new set after every schedule()."
+    )
     assert out1.finished_req_ids == {"a"}, (
         f"Step 1's output must keep its finished set {{'a'}} after later steps (the workers "
         f"may still read it); it is now {out1.finished_req_ids}. Assign a new set, do not "
-        f"clear the old one.")
+        f"clear the old one."
+    )
 
 
 # ---------------------------------------------------------------- properties
+
 
 def chunk_checker(cls):
     """The class under grade, checking chunked-prefill rules after every schedule()."""
@@ -294,26 +340,31 @@ def chunk_checker(cls):
                             f"{req_id} admitted with {n} tokens in {where}: expected "
                             f"min(num_tokens {req.num_tokens} - computed {before[req_id]}, "
                             f"threshold {threshold or 'none'}, budget left {left}) = "
-                            f"{min(need, left)}.")
+                            f"{min(need, left)}."
+                        )
                     else:
                         assert n == need <= left, (
                             f"{req_id} admitted with {n} tokens in {where}, chunked prefill "
                             f"off: it must get all {need} of its (thresholded) tokens, and "
-                            f"only if they fit the {left} left.")
+                            f"only if they fit the {left} left."
+                        )
                 used += n
                 assert req.num_computed_tokens == before[req_id] + n, (
                     f"_update_after_schedule: {req_id} had {before[req_id]} computed and "
                     f"{n} scheduled in {where}, so it must have {before[req_id] + n} after "
-                    f"schedule(); it has {req.num_computed_tokens}.")
+                    f"schedule(); it has {req.num_computed_tokens}."
+                )
                 assert req.is_prefill_chunk == (req.num_computed_tokens < req.num_tokens), (
                     f"_update_after_schedule: {req_id} has {req.num_computed_tokens} of "
                     f"{req.num_tokens} computed after {where}, so is_prefill_chunk must be "
-                    f"{req.num_computed_tokens < req.num_tokens}; it is {req.is_prefill_chunk}.")
+                    f"{req.num_computed_tokens < req.num_tokens}; it is {req.is_prefill_chunk}."
+                )
             same = self.finished_req_ids is out.finished_req_ids
             assert self.finished_req_ids == set() and not same, (
                 f"After schedule(), self.finished_req_ids must be a NEW empty set (the output "
                 f"keeps the old one); it is {self.finished_req_ids!r}, "
-                f"{'the same object as' if same else 'not'} the output's.")
+                f"{'the same object as' if same else 'not'} the output's."
+            )
             return out
 
     return Checked
@@ -332,16 +383,19 @@ def test_property_chunk_sizes_and_computed_counts(impl, workload):
 @PROPERTY
 @given(workload=strategies.workloads())
 def test_property_same_trace_as_the_reference(impl, workload):
-    mismatch = checks.reference_mismatch(explained(impl.scheduler.Scheduler), workload,
-                                         max_steps=MAX_STEPS)
+    mismatch = checks.reference_mismatch(
+        explained(impl.scheduler.Scheduler), workload, max_steps=MAX_STEPS
+    )
     assert mismatch is None, "Your scheduler and the reference differ:\n" + mismatch
 
 
 # ------------------------------------------------- upstream's recorded traces
 
+
 @pytest.mark.points(1)
-@pytest.mark.parametrize("scenario",
-                         ["chunked_prefill", "long_prefill_threshold", "no_chunked_prefill"])
+@pytest.mark.parametrize(
+    "scenario", ["chunked_prefill", "long_prefill_threshold", "no_chunked_prefill"]
+)
 def test_snapshot(impl, scenario):
     mismatch = checks.snapshot_mismatch(explained(impl.scheduler.Scheduler), scenario)
     assert mismatch is None, mismatch

@@ -44,10 +44,18 @@ def llm():
     """SmolLM2 with a 16-token step budget (long prompts are chunked) and a
     KV cache of 17 blocks of 16 tokens: room for one max_model_len request,
     not for all eight at once, so requests get preempted."""
-    return LLM(str(smollm2_gguf_path()), max_model_len=256, max_num_seqs=8,
-               max_num_batched_tokens=16, enable_chunked_prefill=True,
-               enable_prefix_caching=True, block_size=16, num_gpu_blocks_override=17,
-               device="cuda" if torch.cuda.is_available() else "cpu", dtype="float32")
+    return LLM(
+        str(smollm2_gguf_path()),
+        max_model_len=256,
+        max_num_seqs=8,
+        max_num_batched_tokens=16,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=True,
+        block_size=16,
+        num_gpu_blocks_override=17,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        dtype="float32",
+    )
 
 
 def generate(llm: LLM, scheduler_cls: type, policy: str = "fcfs", priorities=None):
@@ -56,14 +64,15 @@ def generate(llm: LLM, scheduler_cls: type, policy: str = "fcfs", priorities=Non
     base = llm.llm_engine
     config = dataclasses.replace(
         base.vllm_config,
-        scheduler_config=dataclasses.replace(base.vllm_config.scheduler_config,
-                                             scheduler_cls=scheduler_cls, policy=policy),
-        cache_config=dataclasses.replace(base.vllm_config.cache_config))
+        scheduler_config=dataclasses.replace(
+            base.vllm_config.scheduler_config, scheduler_cls=scheduler_cls, policy=policy
+        ),
+        cache_config=dataclasses.replace(base.vllm_config.cache_config),
+    )
     engine = LLMEngine(config, (base.model, base.hf_config, base.tokenizer))
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS):
-        engine.add_request(str(i), prompt, params,
-                           priority=priorities[i] if priorities else 0)
+        engine.add_request(str(i), prompt, params, priority=priorities[i] if priorities else 0)
     done = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -82,14 +91,16 @@ def compare(llm, student_cls, **kwargs):
             k = next((j for j, (a, b) in enumerate(zip(e, g)) if a != b), min(len(e), len(g)))
             pytest.fail(
                 f"prompt {i} ({PROMPTS[i][:40]!r}...): output token {k} differs: reference "
-                f"{e[k:k + 1]} {tokenizer.decode(e[:k + 1])!r}, yours {g[k:k + 1]} "
-                f"{tokenizer.decode(g[:k + 1])!r}. Greedy decoding is deterministic, so your "
+                f"{e[k : k + 1]} {tokenizer.decode(e[: k + 1])!r}, yours {g[k : k + 1]} "
+                f"{tokenizer.decode(g[: k + 1])!r}. Greedy decoding is deterministic, so your "
                 "scheduler fed the model different tokens or positions: run the lab checks "
-                "(make check-lab-03.1 ... 03.6) to find the broken rule.")
+                "(make check-lab-03.1 ... 03.6) to find the broken rule."
+            )
     for key in ("num_steps", "num_preemptions", "num_scheduled_tokens", "prefix_cache_hits"):
         assert stats[key] == ref_stats[key], (
             f"same tokens, but {key} differs: reference {ref_stats[key]}, yours {stats[key]}. "
-            "Your scheduler takes different decisions (chunk sizes, victims or prefix hits).")
+            "Your scheduler takes different decisions (chunk sizes, victims or prefix hits)."
+        )
 
 
 @pytest.mark.points(10)
@@ -99,5 +110,6 @@ def test_smollm2_fcfs_with_chunked_prefill_and_preemption(llm, impl):
 
 @pytest.mark.points(5)
 def test_smollm2_priority_policy(llm, impl):
-    compare(llm, impl.scheduler.Scheduler, policy="priority",
-            priorities=[3, 0, 2, 1, 0, 3, 1, 2, 0])
+    compare(
+        llm, impl.scheduler.Scheduler, policy="priority", priorities=[3, 0, 2, 1, 0, 3, 1, 2, 0]
+    )

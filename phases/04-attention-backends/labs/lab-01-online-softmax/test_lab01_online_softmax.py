@@ -22,8 +22,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytestmark = pytest.mark.timeout(60)
-PROPERTY = settings(max_examples=40, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 INF = float("inf")
 
 
@@ -36,44 +41,74 @@ def partial(q, k, v, scale):
 
 def qkv(T, H, D, N, seed, magnitude=1.0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(T, H, D, generator=g) * magnitude, torch.randn(N, H, D, generator=g),
-            torch.randn(N, H, D, generator=g))
+    return (
+        torch.randn(T, H, D, generator=g) * magnitude,
+        torch.randn(N, H, D, generator=g),
+        torch.randn(N, H, D, generator=g),
+    )
 
 
 def merge(impl, p_out, p_lse, s_out, s_lse, dtype=torch.float32):
     out = torch.full(p_out.shape, float("nan"), dtype=dtype)
     lse = torch.full(p_lse.shape, float("nan"))
-    impl.merge_attn_states.merge_attn_states(out, p_out.to(dtype), p_lse.float(),
-                                             s_out.to(dtype), s_lse.float(), lse)
+    impl.merge_attn_states.merge_attn_states(
+        out, p_out.to(dtype), p_lse.float(), s_out.to(dtype), s_lse.float(), lse
+    )
     return out, lse
 
 
 @pytest.mark.points(4)
 @PROPERTY
-@given(T=st.integers(1, 4), H=st.integers(1, 3), D=st.sampled_from([1, 8, 16]),
-       N=st.integers(2, 40), cut=st.floats(0.01, 0.99), seed=st.integers(0, 1000))
+@given(
+    T=st.integers(1, 4),
+    H=st.integers(1, 3),
+    D=st.sampled_from([1, 8, 16]),
+    N=st.integers(2, 40),
+    cut=st.floats(0.01, 0.99),
+    seed=st.integers(0, 1000),
+)
 def test_merge_equals_attention_over_all_keys(impl, T, H, D, N, cut, seed):
     q, k, v = qkv(T, H, D, N, seed)
     c = min(N - 1, max(1, int(N * cut)))
-    scale = D ** -0.5
-    (p_out, p_lse), (s_out, s_lse) = partial(q, k[:c], v[:c], scale), partial(q, k[c:], v[c:], scale)
+    scale = D**-0.5
+    (p_out, p_lse), (s_out, s_lse) = (
+        partial(q, k[:c], v[:c], scale),
+        partial(q, k[c:], v[c:], scale),
+    )
     want_out, want_lse = partial(q, k, v, scale)
     out, lse = merge(impl, p_out, p_lse, s_out, s_lse)
     torch.testing.assert_close(
-        out.double(), want_out, atol=1e-5, rtol=1e-5,
-        msg=lambda m: f"Merging attention over keys [0, {c}) and [{c}, {N}) must equal attention "
-        f"over all {N} keys: out = w_P * out_P + w_S * out_S with w_X = exp(lse_X - lse), "
-        f"lse = log(exp(lse_P) + exp(lse_S)). Shapes: out [T={T}, H={H}, D={D}], lse [H, T].\n{m}")
+        out.double(),
+        want_out,
+        atol=1e-5,
+        rtol=1e-5,
+        msg=lambda m: (
+            f"Merging attention over keys [0, {c}) and [{c}, {N}) must equal attention "
+            f"over all {N} keys: out = w_P * out_P + w_S * out_S with w_X = exp(lse_X - lse), "
+            f"lse = log(exp(lse_P) + exp(lse_S)). Shapes: out [T={T}, H={H}, D={D}], lse [H, T].\n{m}"
+        ),
+    )
     torch.testing.assert_close(
-        lse.double(), want_lse, atol=1e-5, rtol=1e-5,
-        msg=lambda m: "output_lse must be the log-sum-exp over both sides' keys, "
-        f"log(exp(prefix_lse) + exp(suffix_lse)), shape [H, T].\n{m}")
+        lse.double(),
+        want_lse,
+        atol=1e-5,
+        rtol=1e-5,
+        msg=lambda m: (
+            "output_lse must be the log-sum-exp over both sides' keys, "
+            f"log(exp(prefix_lse) + exp(suffix_lse)), shape [H, T].\n{m}"
+        ),
+    )
 
 
 @pytest.mark.points(3)
 @PROPERTY
-@given(T=st.integers(1, 5), N=st.integers(1, 70), tile=st.integers(1, 80),
-       causal=st.booleans(), seed=st.integers(0, 1000))
+@given(
+    T=st.integers(1, 5),
+    N=st.integers(1, 70),
+    tile=st.integers(1, 80),
+    causal=st.booleans(),
+    seed=st.integers(0, 1000),
+)
 def test_tiled_attention_equals_full_softmax(impl, T, N, tile, causal, seed):
     # tiled_attention starts from an empty result (lse = -inf) and merges one
     # tile at a time; with causality, late tiles are empty for early queries.
@@ -83,21 +118,33 @@ def test_tiled_attention_equals_full_softmax(impl, T, N, tile, causal, seed):
     q, k, v = qkv(T, 2, 8, N, seed)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(reference_module, "merge_attn_states", impl.merge_attn_states.merge_attn_states)
-        out, lse = reference_module.tiled_attention(q, k, v, 8 ** -0.5, tile, causal)
-    s = torch.einsum("thd,nhd->htn", q.double(), k.double()) * 8 ** -0.5
+        out, lse = reference_module.tiled_attention(q, k, v, 8**-0.5, tile, causal)
+    s = torch.einsum("thd,nhd->htn", q.double(), k.double()) * 8**-0.5
     if causal:
         visible = torch.arange(N)[None, :] <= torch.arange(N - T, N)[:, None]
         s = s.masked_fill(~visible, -INF)
     want = torch.einsum("htn,nhd->thd", torch.softmax(s, -1), v.double())
     torch.testing.assert_close(
-        out.double(), want, atol=1e-5, rtol=1e-5,
-        msg=lambda m: f"One pass over {N} keys in tiles of {tile} (causal={causal}, {T} queries) "
-        "must give full softmax attention: each merge rescales the running result by "
-        f"exp(lse_old - lse_new).\n{m}")
+        out.double(),
+        want,
+        atol=1e-5,
+        rtol=1e-5,
+        msg=lambda m: (
+            f"One pass over {N} keys in tiles of {tile} (causal={causal}, {T} queries) "
+            "must give full softmax attention: each merge rescales the running result by "
+            f"exp(lse_old - lse_new).\n{m}"
+        ),
+    )
     torch.testing.assert_close(
-        lse.double(), torch.logsumexp(s, -1), atol=1e-5, rtol=1e-5,
-        msg=lambda m: f"After the last of the tiles of {tile} keys, output_lse must be the "
-        f"log-sum-exp over all the visible keys (causal={causal}).\n{m}")
+        lse.double(),
+        torch.logsumexp(s, -1),
+        atol=1e-5,
+        rtol=1e-5,
+        msg=lambda m: (
+            f"After the last of the tiles of {tile} keys, output_lse must be the "
+            f"log-sum-exp over all the visible keys (causal={causal}).\n{m}"
+        ),
+    )
 
 
 @pytest.mark.points(3)
@@ -107,20 +154,33 @@ def test_an_empty_side_weighs_nothing(impl, empty, as_value):
     # An empty partial result (no key seen: lse -inf; FlashAttention-2 reports
     # +inf) must leave the other side unchanged, output and LSE.
     q, k, v = qkv(3, 2, 8, 6, seed=1)
-    full_out, full_lse = partial(q, k, v, 8 ** -0.5)
+    full_out, full_lse = partial(q, k, v, 8**-0.5)
     junk = torch.randn(full_out.shape)  # an empty side's output is meaningless
     empty_lse = torch.full(full_lse.shape, as_value)
-    sides = (junk, empty_lse, full_out, full_lse) if empty == "prefix" else \
-        (full_out, full_lse, junk, empty_lse)
+    sides = (
+        (junk, empty_lse, full_out, full_lse)
+        if empty == "prefix"
+        else (full_out, full_lse, junk, empty_lse)
+    )
     out, lse = merge(impl, *sides)
     torch.testing.assert_close(
-        out.double(), full_out, atol=1e-6, rtol=1e-6,
-        msg=lambda m: f"The {empty} side is empty (lse = {as_value}): it must weigh exactly zero "
-        f"({'+inf is read as -inf, ' if as_value > 0 else ''}exp(-inf - max) = 0), so the "
-        f"output is the other side's.\n{m}")
-    torch.testing.assert_close(lse.double(), full_lse, atol=1e-6, rtol=1e-6,
-                               msg=lambda m: f"output_lse with an empty {empty} side must be "
-                               f"the other side's lse.\n{m}")
+        out.double(),
+        full_out,
+        atol=1e-6,
+        rtol=1e-6,
+        msg=lambda m: (
+            f"The {empty} side is empty (lse = {as_value}): it must weigh exactly zero "
+            f"({'+inf is read as -inf, ' if as_value > 0 else ''}exp(-inf - max) = 0), so the "
+            f"output is the other side's.\n{m}"
+        ),
+    )
+    torch.testing.assert_close(
+        lse.double(),
+        full_lse,
+        atol=1e-6,
+        rtol=1e-6,
+        msg=lambda m: f"output_lse with an empty {empty} side must be the other side's lse.\n{m}",
+    )
 
 
 @pytest.mark.points(2)
@@ -128,25 +188,41 @@ def test_an_empty_side_weighs_nothing(impl, empty, as_value):
 def test_large_logits_do_not_overflow(impl, magnitude):
     # Scores of hundreds: exp(lse) overflows float32 (max ~ exp(88)).
     q, k, v = qkv(2, 2, 16, 12, seed=2, magnitude=magnitude)
-    scale = 16 ** -0.5
+    scale = 16**-0.5
     want_out, want_lse = partial(q, k, v, scale)
-    (p_out, p_lse), (s_out, s_lse) = partial(q, k[:5], v[:5], scale), partial(q, k[5:], v[5:], scale)
+    (p_out, p_lse), (s_out, s_lse) = (
+        partial(q, k[:5], v[:5], scale),
+        partial(q, k[5:], v[5:], scale),
+    )
     assert want_lse.abs().max() > 88, "the test needs LSEs past float32's exp range"
     out, lse = merge(impl, p_out, p_lse, s_out, s_lse)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all(), (
         f"LSEs up to {want_lse.abs().max():.0f}: exp(lse) is inf in float32. Subtract the "
         f"larger lse before exp, as the online softmax subtracts its running max. Got "
-        f"out {out.flatten()[:4].tolist()}..., lse {lse.flatten().tolist()}")
+        f"out {out.flatten()[:4].tolist()}..., lse {lse.flatten().tolist()}"
+    )
     # float32 LSEs of a few hundred carry ~3e-5 of rounding (their ulp), and
     # the weights exp(lse_X - lse) inherit it: 1e-4 leaves a margin of 3.
     torch.testing.assert_close(
-        out.double(), want_out, atol=1e-4, rtol=1e-4,
-        msg=lambda m: f"LSEs up to {want_lse.abs().max():.0f}: the output is finite but wrong. "
-        f"Weigh each side by exp(lse_X - max_lse) / (p_se + s_se).\n{m}")
+        out.double(),
+        want_out,
+        atol=1e-4,
+        rtol=1e-4,
+        msg=lambda m: (
+            f"LSEs up to {want_lse.abs().max():.0f}: the output is finite but wrong. "
+            f"Weigh each side by exp(lse_X - max_lse) / (p_se + s_se).\n{m}"
+        ),
+    )
     torch.testing.assert_close(
-        lse.double(), want_lse, atol=1e-4, rtol=1e-5,
-        msg=lambda m: f"output_lse must be log(p_se + s_se) + max_lse (LSEs up to "
-        f"{want_lse.abs().max():.0f}).\n{m}")
+        lse.double(),
+        want_lse,
+        atol=1e-4,
+        rtol=1e-5,
+        msg=lambda m: (
+            f"output_lse must be log(p_se + s_se) + max_lse (LSEs up to "
+            f"{want_lse.abs().max():.0f}).\n{m}"
+        ),
+    )
 
 
 @pytest.mark.points(1)
@@ -164,7 +240,7 @@ def test_half_precision_outputs_are_merged_in_float32(impl, dtype):
     p_lse, s_lse = torch.randn(H, T, generator=g) * 3, torch.randn(H, T, generator=g) * 3
     m = torch.maximum(p_lse, s_lse).double()
     a, b = torch.exp(p_lse.double() - m), torch.exp(s_lse.double() - m)
-    want = (p_out.double() * (a / (a + b)).T[..., None] + s_out.double() * (b / (a + b)).T[..., None])
+    want = p_out.double() * (a / (a + b)).T[..., None] + s_out.double() * (b / (a + b)).T[..., None]
     out, _ = merge(impl, p_out, p_lse, s_out, s_lse, dtype=dtype)
     assert out.dtype == dtype, f"output must stay {dtype} (written in place), got {out.dtype}"
     ulp = torch.finfo(dtype).eps * torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(2**-4))))
@@ -173,7 +249,8 @@ def test_half_precision_outputs_are_merged_in_float32(impl, dtype):
         f"{dtype} partial outputs: the merged output is off by {worst:.1f} ulp of {dtype} from the "
         "exact merge of the same inputs. Compute the weights and the weighted sum in float32 "
         "(prefix_output.float() * weight + ...) and round once, when writing into output; "
-        "rounding the weights or the products to the dtype costs several ulps.")
+        "rounding the weights or the products to the dtype costs several ulps."
+    )
 
 
 def upstream_triton_merge():
@@ -213,11 +290,25 @@ def test_matches_upstream_triton_kernel(impl):
     upstream(want, p_out.to(device), p_lse.to(device), s_out.to(device), s_lse.to(device), want_lse)
     out, lse = merge(impl, p_out, p_lse, s_out, s_lse)
     torch.testing.assert_close(
-        out, want.cpu(), atol=1e-6, rtol=1e-6, equal_nan=True,
-        msg=lambda m: "Your merge differs from upstream's Triton merge_attn_states "
-        "(vllm/v1/attention/ops/triton_merge_attn_states.py) on inputs with -inf, +inf, both "
-        f"empty (upstream gives NaN there) and huge LSEs.\n{m}")
+        out,
+        want.cpu(),
+        atol=1e-6,
+        rtol=1e-6,
+        equal_nan=True,
+        msg=lambda m: (
+            "Your merge differs from upstream's Triton merge_attn_states "
+            "(vllm/v1/attention/ops/triton_merge_attn_states.py) on inputs with -inf, +inf, both "
+            f"empty (upstream gives NaN there) and huge LSEs.\n{m}"
+        ),
+    )
     torch.testing.assert_close(
-        lse, want_lse.cpu(), atol=1e-6, rtol=1e-6, equal_nan=True,
-        msg=lambda m: "Your output_lse differs from upstream's Triton merge_attn_states "
-        f"(log(p_se + s_se) + max_lse; NaN where both sides are empty).\n{m}")
+        lse,
+        want_lse.cpu(),
+        atol=1e-6,
+        rtol=1e-6,
+        equal_nan=True,
+        msg=lambda m: (
+            "Your output_lse differs from upstream's Triton merge_attn_states "
+            f"(log(p_se + s_se) + max_lse; NaN where both sides are empty).\n{m}"
+        ),
+    )

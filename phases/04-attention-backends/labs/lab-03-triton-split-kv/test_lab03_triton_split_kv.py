@@ -49,7 +49,11 @@ from mini_vllm.testing import hf_greedy
 
 pytestmark = pytest.mark.timeout(120)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: (2e-6, 1e-5), torch.float16: (1e-4, 2 * 2**-10), torch.bfloat16: (1e-3, 2 * 2**-7)}
+TOL = {
+    torch.float32: (2e-6, 1e-5),
+    torch.float16: (1e-4, 2 * 2**-10),
+    torch.bfloat16: (1e-3, 2 * 2**-7),
+}
 DTYPES = list(TOL)
 DTYPE_IDS = [str(d).removeprefix("torch.") for d in DTYPES]
 
@@ -59,8 +63,11 @@ def your_kernel(impl):
     """Run the reference's launchers with your ``_decode_merge_kernel``, and
     turn the kernel's failures into messages."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(reference_module, "_decode_merge_kernel",
-                   impl.triton_decode_attention._decode_merge_kernel)
+        mp.setattr(
+            reference_module,
+            "_decode_merge_kernel",
+            impl.triton_decode_attention._decode_merge_kernel,
+        )
         try:
             yield
         except InterpreterError as e:
@@ -70,7 +77,8 @@ def your_kernel(impl):
         except triton.CompilationError as e:
             raise AssertionError(
                 f"Your kernel does not compile for the GPU (a `raise` left in it, a Python "
-                f"construct Triton does not support, or a shape error):\n{e}") from e
+                f"construct Triton does not support, or a shape error):\n{e}"
+            ) from e
 
 
 def partials(num_reqs, num_heads, num_splits, head_size, empty, seed, offset=0.0):
@@ -97,8 +105,11 @@ def merged_by_torch(m, l, acc):
 
 
 @pytest.mark.points(1)
-@pytest.mark.parametrize("num_splits,empty", [(1, []), (2, [1]), (3, []), (5, [2, 4]), (8, [5, 6, 7])],
-                         ids=["1", "2-one-empty", "3-padded-to-4", "5-two-empty", "8-three-empty"])
+@pytest.mark.parametrize(
+    "num_splits,empty",
+    [(1, []), (2, [1]), (3, []), (5, [2, 4]), (8, [5, 6, 7])],
+    ids=["1", "2-one-empty", "3-padded-to-4", "5-two-empty", "8-three-empty"],
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_merge_kernel_on_stage1_partials(impl, num_splits, empty, dtype):
     R, H, D = 3, 4, 24  # D not a power of 2: HEAD_PAD = 32 with masked lanes
@@ -110,9 +121,19 @@ def test_merge_kernel_on_stage1_partials(impl, num_splits, empty, dtype):
     out = torch.full((6, H, D), 7.0, dtype=dtype, device=DEVICE)
     with your_kernel(impl):
         reference_module._decode_merge_kernel[(R, H)](
-            out, qsl.to(DEVICE), acc.to(DEVICE), m.to(DEVICE), l.to(DEVICE), H, num_splits,
-            out.stride(0), out.stride(1), SPLITS_PAD=triton.next_power_of_2(num_splits),
-            HEAD_SIZE=D, HEAD_PAD=32)
+            out,
+            qsl.to(DEVICE),
+            acc.to(DEVICE),
+            m.to(DEVICE),
+            l.to(DEVICE),
+            H,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            HEAD_SIZE=D,
+            HEAD_PAD=32,
+        )
     out = out.cpu()
     atol, rtol = TOL[dtype]
     if offset:
@@ -120,23 +141,41 @@ def test_merge_kernel_on_stage1_partials(impl, num_splits, empty, dtype):
         # ulp is 1.5e-5: its weights carry that much rounding, so allow 1e-4.
         atol, rtol = 1e-4, 1e-4
     torch.testing.assert_close(
-        out[qsl[:-1].long()], want, atol=atol, rtol=rtol, equal_nan=False,
-        msg=lambda msg: f"Merging {num_splits} splits (empty: {empty or 'none'}; SPLITS_PAD "
-        f"{triton.next_power_of_2(num_splits)}; max scores around {offset:.0f}, so exp(m) "
-        "alone would overflow float32) must give softmax over all the keys: with "
-        "M = max_s m_s and w_s = exp(m_s - M), out = sum_s w_s acc_s / sum_s w_s l_s "
-        f"(an empty split has w_s = 0), stored as {dtype}.\n{msg}")
+        out[qsl[:-1].long()],
+        want,
+        atol=atol,
+        rtol=rtol,
+        equal_nan=False,
+        msg=lambda msg: (
+            f"Merging {num_splits} splits (empty: {empty or 'none'}; SPLITS_PAD "
+            f"{triton.next_power_of_2(num_splits)}; max scores around {offset:.0f}, so exp(m) "
+            "alone would overflow float32) must give softmax over all the keys: with "
+            "M = max_s m_s and w_s = exp(m_s - M), out = sum_s w_s acc_s / sum_s w_s l_s "
+            f"(an empty split has w_s = 0), stored as {dtype}.\n{msg}"
+        ),
+    )
     untouched = [r for r in range(6) if r not in qsl[:-1].tolist()]
-    assert (out[untouched] == 7.0).all(), "Only row query_start_loc[req] of each request may be written."
+    assert (out[untouched] == 7.0).all(), (
+        "Only row query_start_loc[req] of each request may be written."
+    )
 
 
 def decode_step(paged, layout, num_heads, num_kv_heads, head_size, block_size, dtype, seed):
-    batch = paged(layout, num_heads, num_kv_heads, head_size, block_size, dtype=dtype, seed=seed,
-                  device=DEVICE)
+    batch = paged(
+        layout,
+        num_heads,
+        num_kv_heads,
+        head_size,
+        block_size,
+        dtype=dtype,
+        seed=seed,
+        device=DEVICE,
+    )
     cache = batch.kv_cache.to(DEVICE)
-    torch_impl = TorchAttentionImpl(num_heads, head_size, head_size ** -0.5, num_kv_heads)
-    want = torch_impl.forward(batch.query.to(DEVICE), batch.key.to(DEVICE),
-                              batch.value.to(DEVICE), cache, batch.md)  # also stores the step
+    torch_impl = TorchAttentionImpl(num_heads, head_size, head_size**-0.5, num_kv_heads)
+    want = torch_impl.forward(
+        batch.query.to(DEVICE), batch.key.to(DEVICE), batch.value.to(DEVICE), cache, batch.md
+    )  # also stores the step
     return batch, cache, want
 
 
@@ -151,16 +190,30 @@ def test_decode_attention_matches_torch_backend(impl, paged, dtype, num_splits):
     out = torch.zeros_like(want)
     with your_kernel(impl):
         reference_module.decode_attention(
-            out, batch.query.to(DEVICE), cache, batch.md.block_table, batch.md.seq_lens,
-            batch.md.query_start_loc, batch.md.max_seq_len, 16 ** -0.5,
-            num_splits=num_splits, tile_n=16)
+            out,
+            batch.query.to(DEVICE),
+            cache,
+            batch.md.block_table,
+            batch.md.seq_lens,
+            batch.md.query_start_loc,
+            batch.md.max_seq_len,
+            16**-0.5,
+            num_splits=num_splits,
+            tile_n=16,
+        )
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(
-        out, want, atol=atol, rtol=rtol,
-        msg=lambda msg: f"decode_attention with num_splits={num_splits}, tile_n=16, {dtype}, "
-        f"contexts {[c + 1 for c, _ in layout]} (GQA 6/2) differs from the torch backend beyond "
-        f"the {dtype} tolerance (atol {atol}, rtol {rtol}; see the module docstring). Every "
-        f"split's partial result must count by its weight exp(m_s - M), empty ones by 0.\n{msg}")
+        out,
+        want,
+        atol=atol,
+        rtol=rtol,
+        msg=lambda msg: (
+            f"decode_attention with num_splits={num_splits}, tile_n=16, {dtype}, "
+            f"contexts {[c + 1 for c, _ in layout]} (GQA 6/2) differs from the torch backend beyond "
+            f"the {dtype} tolerance (atol {atol}, rtol {rtol}; see the module docstring). Every "
+            f"split's partial result must count by its weight exp(m_s - M), empty ones by 0.\n{msg}"
+        ),
+    )
 
 
 @pytest.mark.points(5)
@@ -174,15 +227,26 @@ def test_engine_triton_backend_greedy_tokens(impl, tiny_llama):
     path, hf = tiny_llama
     prompts = [[(7 * i + 13 * j) % 509 + 3 for j in range(3 + 17 * i)] for i in range(3)]
     with your_kernel(impl):
-        llm = LLM(path, max_model_len=128, kv_cache_memory_bytes=4 << 20, block_size=8,
-                  max_num_batched_tokens=64, max_num_seqs=4, attention_backend="triton",
-                  device=DEVICE, dtype="float32")  # "auto" is bfloat16 on CUDA; HF's is float32
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                            SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
-                            use_tqdm=False)
+        llm = LLM(
+            path,
+            max_model_len=128,
+            kv_cache_memory_bytes=4 << 20,
+            block_size=8,
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            attention_backend="triton",
+            device=DEVICE,
+            dtype="float32",
+        )  # "auto" is bfloat16 on CUDA; HF's is float32
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
+            use_tqdm=False,
+        )
     for prompt, out in zip(prompts, outs):
         want = hf_greedy(hf, prompt, 5)
         assert out.outputs[0].token_ids == want, (
             f"With attention_backend='triton', greedy tokens for a prompt of {len(prompt)} tokens "
             f"are {out.outputs[0].token_ids}, HF transformers gives {want}. The first token comes "
-            "from the prefill kernel; every later one from decode steps, i.e. your merge.")
+            "from the prefill kernel; every later one from decode steps, i.e. your merge."
+        )
