@@ -93,7 +93,7 @@ def batch_workloads(draw, max_steps: int = 8) -> BatchWorkload:
         for _ in range(draw(st.integers(0, room))):
             req_id = f"r{next_id}"
             next_id += 1
-            prompt = draw(st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=1, max_size=20))
+            prompt = draw(st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=1, max_size=mml - 2))
             n_blocks = draw(st.integers(0, cdiv(len(prompt), bs)))
             blocks = draw(st.lists(st.integers(1, 999), min_size=n_blocks, max_size=n_blocks))
             computed = draw(st.integers(0, len(prompt)))
@@ -412,6 +412,13 @@ def first_batch_difference(
                                 f", field {field!r} differs.\n  {a}: {er.get(field)}\n"
                                 f"  {b}: {gr.get(field)}"
                             )
+            elif isinstance(e[key], dict) and e[key] != g.get(key):
+                for field in e[key]:
+                    if e[key][field] != g[key].get(field):
+                        return (
+                            f"after {op}: {key} field {field!r} differs.\n"
+                            f"  {a}: {e[key][field]}\n  {b}: {g[key].get(field)}"
+                        )
             elif e[key] != g.get(key):
                 return f"after {op}: {key!r} differs.\n  {a}: {e[key]}\n  {b}: {g.get(key)}"
     return None
