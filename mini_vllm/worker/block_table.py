@@ -118,18 +118,8 @@ class BlockTable:
     def commit_block_table(self, num_reqs: int) -> None:
         self.block_table.copy_to_gpu(num_reqs)
 
-    def clear(self) -> None:
-        self.block_table.gpu.fill_(0)
-        self.block_table.cpu.fill_(0)
-
     def get_device_tensor(self, num_reqs: int) -> torch.Tensor:
         return self.block_table.gpu[:num_reqs]  # int32 [num_reqs, max_num_blocks_per_req]
-
-    def get_cpu_tensor(self) -> torch.Tensor:
-        return self.block_table.cpu  # int32 [max_num_reqs, max_num_blocks_per_req]
-
-    def get_numpy_array(self) -> np.ndarray:
-        return self.block_table.np  # int32 [max_num_reqs, max_num_blocks_per_req]
 
 
 class MultiGroupBlockTable:
@@ -189,10 +179,6 @@ class MultiGroupBlockTable:
     def commit_block_table(self, num_reqs: int) -> None:
         for table in self.block_tables:
             table.commit_block_table(num_reqs)
-
-    def clear(self) -> None:
-        for table in self.block_tables:
-            table.clear()
 
     def __getitem__(self, idx: int) -> BlockTable:
         return self.block_tables[idx]
