@@ -31,6 +31,9 @@ from hypothesis import strategies as st
 from mini_vllm.kv_cache_interface import cdiv
 
 VOCAB_SIZE = 64
+# Where upstream's side lives: its Triton kernel runs compiled on CUDA, and
+# under the interpreter (TRITON_INTERPRET=1) on CPU tensors otherwise.
+UPSTREAM_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @dataclass
@@ -189,14 +192,13 @@ class UpstreamSide:
         from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
         self._params, self._state = SamplingParams, CachedRequestState
-        cpu = torch.device("cpu")
         # Its constructor reads no config; the device and pinning are what it uses.
-        self._min_tokens = MinTokensLogitsProcessor(None, cpu, False)
+        self._min_tokens = MinTokensLogitsProcessor(None, UPSTREAM_DEVICE, False)
         self.batch = InputBatch(
             max_num_reqs=config["max_num_reqs"],
             max_model_len=config["max_model_len"],
             max_num_batched_tokens=config["max_num_batched_tokens"],
-            device=cpu,
+            device=UPSTREAM_DEVICE,
             pin_memory=False,
             vocab_size=VOCAB_SIZE,
             block_sizes=[config["block_size"]],
@@ -229,7 +231,9 @@ class UpstreamSide:
         table = self.batch.block_table[0]
         self.batch.block_table.commit_block_table(num_reqs)
         # The reloaded module's method runs the real kernel on this table.
-        kernel.BlockTable.compute_slot_mapping(table, num_reqs, query_start_loc, positions)
+        kernel.BlockTable.compute_slot_mapping(
+            table, num_reqs, query_start_loc.to(UPSTREAM_DEVICE), positions.to(UPSTREAM_DEVICE)
+        )
         return table.slot_mapping.gpu.tolist()
 
     def min_tokens(self) -> dict:

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from mini_vllm.oracle.batch_workload import (
+    UPSTREAM_DEVICE,
     MiniSide,
     UpstreamSide,
     batch_workloads,
@@ -90,7 +91,7 @@ def test_compute_slot_mapping_matches_upstream_kernel(block_size, num_reqs, seed
     gen = np.random.default_rng(seed)
     table = _random_table(gen, block_size, num_reqs, max_blocks=5)
     upstream = upstream_block_table_module().BlockTable(
-        block_size, num_reqs + 2, 5, 256, False, torch.device("cpu"), block_size, 1
+        block_size, num_reqs + 2, 5, 256, False, UPSTREAM_DEVICE, block_size, 1
     )
     upstream.block_table.np[:] = table.block_table.np
     upstream.num_blocks_per_row[:] = table.num_blocks_per_row
@@ -107,8 +108,8 @@ def test_compute_slot_mapping_matches_upstream_kernel(block_size, num_reqs, seed
     for t in (table, upstream):
         t.slot_mapping.gpu.fill_(12345)  # stale values must be overwritten
         t.commit_block_table(num_reqs)
-        t.compute_slot_mapping(num_reqs, query_start_loc, pos)
-    got, want = table.slot_mapping.gpu, upstream.slot_mapping.gpu
+        t.compute_slot_mapping(num_reqs, query_start_loc.to(t.device), pos.to(t.device))
+    got, want = table.slot_mapping.gpu, upstream.slot_mapping.gpu.cpu()
     assert torch.equal(got, want), (block_size, qsl, positions, got, want)
     assert (got[len(positions) :] == PAD_SLOT_ID).all()
 
@@ -119,7 +120,7 @@ def test_slot_mapping_reads_the_committed_table_only():
     upstream_cls = upstream_block_table_module().BlockTable
     tables = [
         BlockTable(4, 2, 3, 8, False, torch.device("cpu")),
-        upstream_cls(4, 2, 3, 8, False, torch.device("cpu"), 4, 1),
+        upstream_cls(4, 2, 3, 8, False, UPSTREAM_DEVICE, 4, 1),
     ]
     qsl, pos = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 5, 8])
     seen = []
@@ -127,10 +128,10 @@ def test_slot_mapping_reads_the_committed_table_only():
         table.add_row([7, 9], 0)
         table.commit_block_table(1)
         table.append_row([11], 0)
-        table.compute_slot_mapping(1, qsl, pos)
+        table.compute_slot_mapping(1, qsl.to(table.device), pos.to(table.device))
         before = table.slot_mapping.gpu.tolist()
         table.commit_block_table(1)
-        table.compute_slot_mapping(1, qsl, pos)
+        table.compute_slot_mapping(1, qsl.to(table.device), pos.to(table.device))
         seen.append((before, table.slot_mapping.gpu.tolist()))
     assert seen[0] == seen[1], seen
     assert seen[0] == ([28, 37, 0, -1, -1, -1, -1, -1], [28, 37, 44, -1, -1, -1, -1, -1])
