@@ -108,12 +108,18 @@ class InputBatch:
         # int32 [max_num_reqs, max_model_len]
         self.token_ids_cpu_tensor = torch.zeros((max_num_reqs, max_model_len), dtype=torch.int32)
         self.token_ids_cpu = self.token_ids_cpu_tensor.numpy()
-        # Counts per row, int32 [max_num_reqs] each.
-        self.num_tokens_no_spec_cpu_tensor = torch.zeros(max_num_reqs, dtype=torch.int32)
+        # Counts per row, int32 [max_num_reqs] each (pinned for fast copies where asked).
+        self.num_tokens_no_spec_cpu_tensor = torch.zeros(
+            max_num_reqs, dtype=torch.int32, pin_memory=pin_memory
+        )
         self.num_tokens_no_spec = self.num_tokens_no_spec_cpu_tensor.numpy()
-        self.num_prompt_tokens_cpu_tensor = torch.zeros(max_num_reqs, dtype=torch.int32)
+        self.num_prompt_tokens_cpu_tensor = torch.zeros(
+            max_num_reqs, dtype=torch.int32, pin_memory=pin_memory
+        )
         self.num_prompt_tokens = self.num_prompt_tokens_cpu_tensor.numpy()
-        self.num_computed_tokens_cpu_tensor = torch.zeros(max_num_reqs, dtype=torch.int32)
+        self.num_computed_tokens_cpu_tensor = torch.zeros(
+            max_num_reqs, dtype=torch.int32, pin_memory=pin_memory
+        )
         self.num_computed_tokens_cpu = self.num_computed_tokens_cpu_tensor.numpy()
 
         self.block_table = MultiGroupBlockTable(
@@ -128,19 +134,23 @@ class InputBatch:
         # Sampling parameters: a host array edited per row, a device copy of
         # the rows in use, and the set of requests that need the feature.
         self.temperature = torch.empty(max_num_reqs, dtype=torch.float32, device=device)
-        self.temperature_cpu_tensor = torch.empty(max_num_reqs, dtype=torch.float32)
+        self.temperature_cpu_tensor = torch.empty(
+            max_num_reqs, dtype=torch.float32, pin_memory=pin_memory
+        )
         self.temperature_cpu = self.temperature_cpu_tensor.numpy()  # float32 [max_num_reqs]
         self.greedy_reqs: set[str] = set()
         self.random_reqs: set[str] = set()
 
         self.top_p = torch.empty(max_num_reqs, dtype=torch.float32, device=device)
-        self.top_p_cpu_tensor = torch.empty(max_num_reqs, dtype=torch.float32)
+        self.top_p_cpu_tensor = torch.empty(
+            max_num_reqs, dtype=torch.float32, pin_memory=pin_memory
+        )
         self.top_p_cpu = self.top_p_cpu_tensor.numpy()  # float32 [max_num_reqs]
         self.top_p_reqs: set[str] = set()
 
         # int64 on the device (mini's sampler gathers with it); int32 on the host.
         self.top_k = torch.empty(max_num_reqs, dtype=torch.int64, device=device)
-        self.top_k_cpu_tensor = torch.empty(max_num_reqs, dtype=torch.int32)
+        self.top_k_cpu_tensor = torch.empty(max_num_reqs, dtype=torch.int32, pin_memory=pin_memory)
         self.top_k_cpu = self.top_k_cpu_tensor.numpy()  # int32 [max_num_reqs]; vocab_size = off
         self.top_k_reqs: set[str] = set()
 
