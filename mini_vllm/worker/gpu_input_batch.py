@@ -1,0 +1,393 @@
+"""The persistent batch: one row per running request, kept across steps.
+
+Mirrors upstream ``vllm/v1/worker/gpu_input_batch.py`` (``InputBatch`` :91:
+``add_request`` :335, ``remove_request`` :510, ``swap_states`` :566,
+``condense`` :683, ``refresh_metadata`` :811) at v0.22.1.
+
+A request keeps its row from step to step, so a decode step edits a few
+numbers instead of rebuilding the batch: the runner appends the tokens it
+samples to ``token_ids_cpu`` and ``num_tokens_no_spec``, and the blocks the
+scheduler adds to the block table. A step's edits come in a fixed order:
+``remove_request`` for every request leaving the batch, ``add_request`` for
+every request joining it, ``condense``, (reordering with ``swap_states``),
+``refresh_metadata``.
+
+Invariants:
+- after ``condense`` the rows ``0 .. num_reqs - 1`` are exactly the batch's
+  requests, in ``req_ids`` order, and ``req_id_to_index`` inverts ``req_ids``;
+- between a removal and ``condense`` the removed row is a hole (``None`` in
+  ``req_ids``); ``add_request`` fills the lowest hole first, and ``condense``
+  moves the highest rows down into the holes that are left;
+- every per-row array (token ids, counts, block table, sampling parameters)
+  moves with its request; rows past ``num_reqs`` hold stale values nobody
+  reads;
+- all arrays are allocated once, at ``max_num_reqs`` rows.
+
+``CachedRequestState`` is still defined in gpu_model_runner.py (upstream
+defines it here, :34); mini's holds one KV-cache group's block ids as a flat
+list. What is left out (penalties, logits processors, speculative decoding,
+LoRA, pooling, prompt embeddings, ...) is listed in UPSTREAM_PIN.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mini_vllm.sample.metadata import SamplingMetadata
+from mini_vllm.utils import copy_slice
+from mini_vllm.worker.block_table import MultiGroupBlockTable
+from mini_vllm.worker.gpu_model_runner import CachedRequestState
+
+
+class BatchUpdateBuilder:
+    """The rows removed this step, handed out lowest first, and whether the batch changed.
+
+    Mirrors upstream's ``BatchUpdateBuilder``
+    (vllm/v1/sample/logits_processor/state.py:18) without the added/moved
+    records its logits processors read. All removals of a step come before
+    the first read of ``removed``; from then on the list stays sorted in
+    descending order, so its lowest row is at the end.
+    """
+
+    def __init__(self) -> None:
+        self._removed: list[int] = []
+        self._is_removed_sorted = False
+        self.batch_changed = False
+
+    @property
+    def removed(self) -> list[int]:
+        if not self._is_removed_sorted:
+            self._removed.sort(reverse=True)
+            self._is_removed_sorted = True
+        return self._removed
+
+    def removed_append(self, index: int) -> None:
+        if self._is_removed_sorted:
+            raise RuntimeError(
+                "Cannot register a removed request after `removed` was read this step."
+            )
+        self._removed.append(index)
+        self.batch_changed = True
+
+    def peek_removed(self) -> int | None:
+        return self.removed[-1] if self._removed else None
+
+    def pop_removed(self) -> int | None:
+        return self.removed.pop() if self._removed else None
+
+    def reset(self) -> bool:
+        """Start a new step; return whether the batch changed in the last one."""
+        self._removed.clear()
+        self._is_removed_sorted = False
+        changed, self.batch_changed = self.batch_changed, False
+        return changed
+
+
+class InputBatch:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        device: torch.device,
+        pin_memory: bool,
+        vocab_size: int,
+        block_sizes: list[int],
+    ) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.device = device
+        self.pin_memory = pin_memory
+        self.vocab_size = vocab_size
+
+        self._req_ids: list[str | None] = []  # row -> request id; None is a hole
+        self.req_id_to_index: dict[str, int] = {}
+
+        # Prompt then output tokens of every row. Never copied to the device whole.
+        # int32 [max_num_reqs, max_model_len]
+        self.token_ids_cpu_tensor = torch.zeros((max_num_reqs, max_model_len), dtype=torch.int32)
+        self.token_ids_cpu = self.token_ids_cpu_tensor.numpy()
+        # Counts per row, int32 [max_num_reqs] each (pinned for fast copies where asked).
+        self.num_tokens_no_spec_cpu_tensor = torch.zeros(
+            max_num_reqs, dtype=torch.int32, pin_memory=pin_memory
+        )
+        self.num_tokens_no_spec = self.num_tokens_no_spec_cpu_tensor.numpy()
+        self.num_prompt_tokens_cpu_tensor = torch.zeros(
+            max_num_reqs, dtype=torch.int32, pin_memory=pin_memory
+        )
+        self.num_prompt_tokens = self.num_prompt_tokens_cpu_tensor.numpy()
+        self.num_computed_tokens_cpu_tensor = torch.zeros(
+            max_num_reqs, dtype=torch.int32, pin_memory=pin_memory
+        )
+        self.num_computed_tokens_cpu = self.num_computed_tokens_cpu_tensor.numpy()
+
+        self.block_table = MultiGroupBlockTable(
+            max_num_reqs=max_num_reqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            pin_memory=pin_memory,
+            device=device,
+            block_sizes=block_sizes,
+        )
+
+        # Sampling parameters: a host array edited per row, a device copy of
+        # the rows in use, and the set of requests that need the feature.
+        self.temperature = torch.empty(max_num_reqs, dtype=torch.float32, device=device)
+        self.temperature_cpu_tensor = torch.empty(
+            max_num_reqs, dtype=torch.float32, pin_memory=pin_memory
+        )
+        self.temperature_cpu = self.temperature_cpu_tensor.numpy()  # float32 [max_num_reqs]
+        self.greedy_reqs: set[str] = set()
+        self.random_reqs: set[str] = set()
+
+        self.top_p = torch.empty(max_num_reqs, dtype=torch.float32, device=device)
+        self.top_p_cpu_tensor = torch.empty(
+            max_num_reqs, dtype=torch.float32, pin_memory=pin_memory
+        )
+        self.top_p_cpu = self.top_p_cpu_tensor.numpy()  # float32 [max_num_reqs]
+        self.top_p_reqs: set[str] = set()
+
+        # int64 on the device (mini's sampler gathers with it); int32 on the host.
+        self.top_k = torch.empty(max_num_reqs, dtype=torch.int64, device=device)
+        self.top_k_cpu_tensor = torch.empty(max_num_reqs, dtype=torch.int32, pin_memory=pin_memory)
+        self.top_k_cpu = self.top_k_cpu_tensor.numpy()  # int32 [max_num_reqs]; vocab_size = off
+        self.top_k_reqs: set[str] = set()
+
+        # Row -> generator, only for rows whose request has its own seed.
+        self.generators: dict[int, torch.Generator] = {}
+        self.num_logprobs: dict[str, int] = {}  # request id -> top-n it wants
+        # Row -> (min_tokens, the row's output token list, stop token ids) while
+        # the request is short of min_tokens; upstream keeps this in its
+        # MinTokensLogitsProcessor (vllm/v1/sample/logits_processor/builtin.py:167).
+        self.min_tokens: dict[int, tuple[int, list[int], set[int]]] = {}
+
+        # Row -> the request's output token list (the same list object the
+        # runner's CachedRequestState extends).
+        self.req_output_token_ids: list[list[int] | None] = []
+
+        self.batch_update_builder = BatchUpdateBuilder()
+        self.sampling_metadata = self._make_sampling_metadata()
+
+    @property
+    def req_ids(self) -> list[str | None]:
+        return self._req_ids
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_id_to_index)
+
+    @property
+    def all_greedy(self) -> bool:
+        return not self.random_reqs
+
+    @property
+    def no_top_p(self) -> bool:
+        return not self.top_p_reqs
+
+    @property
+    def no_top_k(self) -> bool:
+        return not self.top_k_reqs
+
+    @property
+    def max_num_logprobs(self) -> int | None:
+        return max(self.num_logprobs.values()) if self.num_logprobs else None
+
+    # ------------------------------------------------------------ add/remove
+
+    def add_request(self, request: CachedRequestState) -> int:
+        """Give ``request`` a row (the lowest hole, else a new last row); return it."""
+        req_index = self.batch_update_builder.pop_removed()
+        if req_index is None:
+            req_index = self.num_reqs
+        if req_index >= self.max_num_reqs:
+            raise ValueError(f"The batch is full: it holds at most {self.max_num_reqs} requests.")
+        self.batch_update_builder.batch_changed = True
+
+        req_id = request.req_id
+        if req_index == len(self._req_ids):
+            self._req_ids.append(req_id)
+            self.req_output_token_ids.append(request.output_token_ids)
+        else:
+            self._req_ids[req_index] = req_id
+            self.req_output_token_ids[req_index] = request.output_token_ids
+        self.req_id_to_index[req_id] = req_index
+
+        num_prompt_tokens = len(request.prompt_token_ids)
+        self.num_prompt_tokens[req_index] = num_prompt_tokens
+        self.token_ids_cpu[req_index, :num_prompt_tokens] = request.prompt_token_ids
+        end = num_prompt_tokens + len(request.output_token_ids)
+        self.token_ids_cpu[req_index, num_prompt_tokens:end] = request.output_token_ids
+        self.num_tokens_no_spec[req_index] = request.num_tokens
+        self.num_computed_tokens_cpu[req_index] = request.num_computed_tokens
+        self.block_table.add_row((request.block_ids,), req_index)
+
+        params = request.sampling_params
+        if params.sampling_type_greedy:
+            self.temperature_cpu[req_index] = 0.0  # never divided by
+            self.greedy_reqs.add(req_id)
+        else:
+            self.temperature_cpu[req_index] = params.temperature
+            self.random_reqs.add(req_id)
+        self.top_p_cpu[req_index] = params.top_p
+        if params.top_p < 1:
+            self.top_p_reqs.add(req_id)
+        top_k = params.top_k
+        if 0 < top_k < self.vocab_size:
+            self.top_k_reqs.add(req_id)
+        else:
+            top_k = self.vocab_size  # keeping the whole vocabulary is "off"
+        self.top_k_cpu[req_index] = top_k
+        if request.generator is not None:
+            self.generators[req_index] = request.generator
+        if params.logprobs is not None:
+            wanted = self.vocab_size if params.logprobs == -1 else params.logprobs
+            self.num_logprobs[req_id] = wanted
+        if params.min_tokens and len(request.output_token_ids) < params.min_tokens:
+            self.min_tokens[req_index] = (
+                params.min_tokens,
+                request.output_token_ids,
+                params.all_stop_token_ids,
+            )
+        return req_index
+
+    def remove_request(self, req_id: str) -> int | None:
+        """Leave a hole where ``req_id`` was; return its row (None if absent).
+
+        ``condense`` must follow before the batch is used.
+        """
+        req_index = self.req_id_to_index.pop(req_id, None)
+        if req_index is None:
+            return None
+        self.batch_update_builder.removed_append(req_index)
+        self._req_ids[req_index] = None
+        self.req_output_token_ids[req_index] = None
+        self.block_table.clear_row(req_index)
+
+        self.greedy_reqs.discard(req_id)
+        self.random_reqs.discard(req_id)
+        self.top_p_reqs.discard(req_id)
+        self.top_k_reqs.discard(req_id)
+        self.generators.pop(req_index, None)
+        self.num_logprobs.pop(req_id, None)
+        self.min_tokens.pop(req_index, None)
+        return req_index
+
+    # ------------------------------------------------------- moving rows
+
+    def swap_states(self, i1: int, i2: int) -> None:
+        """Exchange rows ``i1`` and ``i2`` (both hold requests), every array included."""
+        id1, id2 = self._req_ids[i1], self._req_ids[i2]
+        if id1 is None or id2 is None:
+            raise ValueError(f"swap_states needs two requests; row {i1} or {i2} is a hole.")
+        # Only the tokens in use move; the rest of each row is stale anyway.
+        n = max(self.num_tokens_no_spec[i1], self.num_tokens_no_spec[i2])
+        self._req_ids[i1], self._req_ids[i2] = id2, id1
+        self.req_id_to_index[id1], self.req_id_to_index[id2] = i2, i1
+        out = self.req_output_token_ids
+        out[i1], out[i2] = out[i2], out[i1]
+        pair, flipped = [i1, i2], [i2, i1]
+        # Fancy indexing on the right copies, so each pair swaps safely.
+        self.token_ids_cpu[pair, :n] = self.token_ids_cpu[flipped, :n]
+        for array in (
+            self.num_tokens_no_spec,
+            self.num_prompt_tokens,
+            self.num_computed_tokens_cpu,
+            self.temperature_cpu,
+            self.top_p_cpu,
+            self.top_k_cpu,
+        ):
+            array[pair] = array[flipped]
+        self.block_table.swap_row(i1, i2)
+        for by_row in (self.generators, self.min_tokens):
+            v1, v2 = by_row.pop(i1, None), by_row.pop(i2, None)
+            if v1 is not None:
+                by_row[i2] = v1
+            if v2 is not None:
+                by_row[i1] = v2
+        self.batch_update_builder.batch_changed = True
+
+    def condense(self) -> None:
+        """Move the highest rows down into the holes until rows 0 .. num_reqs - 1 are full."""
+        num_reqs = self.num_reqs
+        empty_req_indices = self.batch_update_builder.removed  # descending
+        if not empty_req_indices:
+            return  # no removals, or new requests filled every hole
+        if num_reqs == 0:
+            self._req_ids.clear()
+            self.req_output_token_ids.clear()
+            return
+        last_req_index = num_reqs + len(empty_req_indices) - 1
+        while empty_req_indices:
+            while last_req_index in empty_req_indices:
+                last_req_index -= 1  # the highest row that holds a request
+            empty_index = self.batch_update_builder.peek_removed()  # the lowest hole
+            if empty_index >= last_req_index:
+                break  # the remaining holes all lie past the last request
+            self.batch_update_builder.pop_removed()
+            self._move_row(last_req_index, empty_index)
+            last_req_index -= 1
+        del self._req_ids[num_reqs:]
+        del self.req_output_token_ids[num_reqs:]
+
+    def _move_row(self, src: int, tgt: int) -> None:
+        """Move the request in row ``src`` to the hole at row ``tgt``."""
+        req_id = self._req_ids[src]
+        self._req_ids[tgt], self._req_ids[src] = req_id, None
+        out = self.req_output_token_ids
+        out[tgt], out[src] = out[src], None
+        self.req_id_to_index[req_id] = tgt
+        n = self.num_tokens_no_spec[src]
+        self.token_ids_cpu[tgt, :n] = self.token_ids_cpu[src, :n]
+        for array in (
+            self.num_tokens_no_spec,
+            self.num_prompt_tokens,
+            self.num_computed_tokens_cpu,
+            self.temperature_cpu,
+            self.top_p_cpu,
+            self.top_k_cpu,
+        ):
+            array[tgt] = array[src]
+        self.block_table.move_row(src, tgt)
+        for by_row in (self.generators, self.min_tokens):
+            value = by_row.pop(src, None)
+            if value is not None:
+                by_row[tgt] = value
+
+    # ------------------------------------------------------- sampling metadata
+
+    def refresh_metadata(self) -> None:
+        """End the step's edits: rebuild ``sampling_metadata`` if the batch changed.
+
+        The min_tokens rows are re-checked every step, as upstream's
+        MinTokensLogitsProcessor does, since outputs grow without the batch
+        changing.
+        """
+        batch_changed = self.batch_update_builder.reset()
+        reached = [i for i, (n, out, _) in self.min_tokens.items() if len(out) >= n]
+        for index in reached:
+            del self.min_tokens[index]
+        if batch_changed:
+            self.sampling_metadata = self._make_sampling_metadata()
+        elif reached:
+            self.sampling_metadata.min_tokens_blocked = self._min_tokens_blocked()
+
+    def _min_tokens_blocked(self) -> dict[int, list[int]]:
+        return {i: sorted(stop) for i, (_, _, stop) in self.min_tokens.items() if stop}
+
+    def _make_sampling_metadata(self) -> SamplingMetadata:
+        num_reqs = self.num_reqs
+        temperature = copy_slice(self.temperature_cpu_tensor, self.temperature, num_reqs)
+        if not self.no_top_p:
+            copy_slice(self.top_p_cpu_tensor, self.top_p, num_reqs)
+        if not self.no_top_k:
+            copy_slice(self.top_k_cpu_tensor, self.top_k, num_reqs)
+        return SamplingMetadata(
+            temperature=temperature,  # float32 [num_reqs]
+            all_greedy=self.all_greedy,
+            top_k=None if self.no_top_k else self.top_k[:num_reqs],  # int64 [num_reqs]
+            top_p=None if self.no_top_p else self.top_p[:num_reqs],  # float32 [num_reqs]
+            generators=[self.generators.get(i) for i in range(num_reqs)],
+            max_num_logprobs=self.max_num_logprobs,
+            min_tokens_blocked=self._min_tokens_blocked(),
+        )
