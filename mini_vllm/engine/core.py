@@ -100,6 +100,10 @@ class EngineCore:
         ]
         self.abort_requests(request_ids)
         kv_cache_manager.evict_blocks(block_ids)
+        # A step cut short before the runner read its finished_req_ids leaves
+        # those requests' states behind: keep only the scheduler's live ones.
+        runner = self.model_runner
+        runner.requests = {r: s for r, s in runner.requests.items() if r in self.scheduler.requests}
 
     # BEGIN LAB 01.2
     def step(self) -> EngineCoreOutputs:
