@@ -14,7 +14,7 @@ Failures: ``generate`` aborts every request it added on *any* exception,
 Ctrl-C (KeyboardInterrupt) and a failed step included, and drops their
 blocks from the prefix cache (``LLMEngine.fail_requests``), so the ``LLM``
 stays usable and every block returns to the pool. Upstream aborts only on
-an ``Exception`` while adding requests (offline_utils.py:545), and its
+an ``Exception`` while adding requests (vllm/entrypoints/offline_utils.py:545), and its
 engine dies on a failed step. One ``generate`` runs at a time: a second
 thread calling it gets a RuntimeError instead of sharing the engine's loop.
 """
