@@ -171,6 +171,7 @@ def test_logprobs_above_the_vocabulary_are_rejected_even_without_a_cap(tiny_qwen
         )
     (out,) = uncapped.generate(PROMPT_56, SamplingParams(max_tokens=2, logprobs=-1), use_tqdm=False)
     assert all(len(step) == VOCAB for step in out.outputs[0].logprobs)  # -1 is all of them
+    assert_whole(uncapped, hf_tokens)
 
 
 def test_params_that_are_not_sampling_params_are_a_type_error(llm, hf_tokens):
