@@ -5,7 +5,9 @@ Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 ``CacheConfig`` (config/cache.py), ``ModelConfig`` (config/model.py),
 ``DeviceConfig`` (config/device.py), ``AttentionConfig``
 (config/attention.py) and ``VllmConfig`` (config/vllm.py).
-Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len`` and the model path.
+Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
+path, dtype, seed and ``max_logprobs``; its ``verify_max_model_len`` is the
+check at the end of upstream's ``_get_and_verify_max_len`` (config/model.py:2119).
 Left out: parallelism, LoRA, speculative decoding,
 KV transfer, compilation, observability, partial-prefill limits.
 """
@@ -86,6 +88,8 @@ class ModelConfig:
     # "auto" = float32 on CPU, bfloat16 on CUDA; or "float32"/"float16"/"bfloat16".
     dtype: str = "auto"
     seed: int = 0
+    # Most logprobs a request may ask for (upstream's default, 20; -1: no cap).
+    max_logprobs: int = 20
 
     def verify(self) -> None:
         if self.max_model_len < 2:
@@ -93,6 +97,20 @@ class ModelConfig:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(
                 f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}."
+            )
+
+    def verify_max_model_len(self, hf_config) -> None:
+        """Refuse a max_model_len beyond the model's max_position_embeddings,
+        as upstream's ``_get_and_verify_max_len`` (config/model.py:2119) does.
+        Upstream lets VLLM_ALLOW_LONG_MAX_MODEL_LEN override it; mini_vllm has
+        no override, since its rotary cache stops at that length."""
+        derived = getattr(hf_config, "max_position_embeddings", None)
+        if derived is not None and self.max_model_len > derived:
+            raise ValueError(
+                f"User-specified max_model_len ({self.max_model_len}) is greater than the "
+                f"derived max_model_len (max_position_embeddings={derived} in the model's "
+                "config.json): the model has no position embedding past it. "
+                "Lower max_model_len."
             )
 
 

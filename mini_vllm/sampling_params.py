@@ -10,6 +10,11 @@ always detokenizes when the model has a tokenizer) and
 
 Invariants kept:
 - every bad value raises ``ValueError`` naming the field, at construction;
+  unlike upstream (a msgspec struct, whose types are checked only by the
+  OpenAI server's pydantic models) that includes a wrong type: integers
+  where upstream's annotation says ``int``, finite numbers for
+  ``temperature`` and ``top_p``, a seed that fits in an int64 (the range
+  upstream's server accepts); see UPSTREAM_PIN.md;
 - ``temperature`` below 1e-5 means greedy, which resets ``top_p``/``top_k``;
 - ``eos_token_id`` is set by the engine (``update_from_generation_config``),
   never by the user, and stays ``None`` when ``ignore_eos`` is on.
@@ -17,11 +22,34 @@ Invariants kept:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from typing import Any
 
 _SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2
+# The seed range upstream's OpenAI server accepts: an int64
+# (vllm/entrypoints/openai/completion/protocol.py:60).
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+
+
+def _check_int(name: str, value, allow_none: bool = False):
+    """``value`` as a Python int; a ValueError naming ``name`` if it is not an integer."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(f"{name} must be an integer, got {type(value).__name__} {value!r}.")
+    return int(value)
+
+
+def _check_real(name: str, value) -> float:
+    """``value`` as a float; a ValueError naming ``name`` if it is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}.")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}.")
+    return float(value)
 
 
 @dataclass
@@ -44,6 +72,9 @@ class SamplingParams:
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
+        if self.logprobs is True:
+            self.logprobs = 1  # as upstream: logprobs=True asks for one
+        self._check_types()
         if 0 < self.temperature < _MAX_TEMP:
             # Upstream raises tiny temperatures to 1e-2 to avoid inf/nan.
             self.temperature = _MAX_TEMP
@@ -53,25 +84,45 @@ class SamplingParams:
             self.stop = []
         elif isinstance(self.stop, str):
             self.stop = [self.stop]
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             self.stop = list(self.stop)
+        else:
+            raise ValueError(
+                f"stop must be a string or a list of strings, got {type(self.stop).__name__}."
+            )
         if self.stop_token_ids is None:
             self.stop_token_ids = []
-        else:
+        elif isinstance(self.stop_token_ids, (list, tuple)):
             self.stop_token_ids = list(self.stop_token_ids)
+        else:
+            raise ValueError(
+                "stop_token_ids must be a list of integers, got "
+                f"{type(self.stop_token_ids).__name__}."
+            )
         self._verify_args()
         if self.temperature < _SAMPLING_EPS:
             self.top_p = 1.0
             self.top_k = 0
         self._all_stop_token_ids.update(self.stop_token_ids)
 
+    def _check_types(self) -> None:
+        """Numbers where numbers belong, before any comparison (mini_vllm's
+        addition: upstream's msgspec struct does not check types at
+        construction, so ``max_tokens=2.5`` or ``temperature=nan`` get through).
+        Integral values (numpy ints included) become Python ints."""
+        self.temperature = _check_real("temperature", self.temperature)
+        self.top_p = _check_real("top_p", self.top_p)
+        self.top_k = _check_int("top_k", self.top_k)
+        self.max_tokens = _check_int("max_tokens", self.max_tokens, allow_none=True)
+        self.min_tokens = _check_int("min_tokens", self.min_tokens)
+        self.logprobs = _check_int("logprobs", self.logprobs, allow_none=True)
+        self.seed = _check_int("seed", self.seed, allow_none=True)
+
     def _verify_args(self) -> None:
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
-            raise ValueError(f"top_k must be an integer, got {type(self.top_k).__name__}.")
         if self.top_k < -1:
             raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -95,8 +146,23 @@ class SamplingParams:
             raise ValueError("stop cannot contain an empty string.")
         if self.logprobs is not None and self.logprobs != -1 and self.logprobs < 0:
             raise ValueError(f"logprobs must be non-negative or -1, got {self.logprobs}.")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}.")
+        if self.seed is not None and not _SEED_MIN <= self.seed <= _SEED_MAX:
+            raise ValueError(f"seed must be in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed}.")
+
+    def _validate_logprobs(self, max_logprobs: int, vocab_size: int) -> None:
+        """At most ``max_logprobs`` logprobs a token (-1: the whole vocabulary).
+
+        Upstream's check (``SamplingParams._validate_logprobs``, run by the
+        input processor), plus a cap at the vocabulary size, which upstream
+        leaves to the sampler to trip over.
+        """
+        allowed = vocab_size if max_logprobs == -1 else min(max_logprobs, vocab_size)
+        num_logprobs = vocab_size if self.logprobs == -1 else self.logprobs
+        if num_logprobs and num_logprobs > allowed:
+            raise ValueError(
+                f"Requested sample logprobs of {num_logprobs}, "
+                f"which is greater than max allowed: {allowed}"
+            )
 
     def update_from_generation_config(
         self, generation_config: dict[str, Any], eos_token_id: int | None = None

@@ -108,7 +108,7 @@ def test_preemption_leaves_outputs_unchanged(model):
 def test_prompt_too_long_and_empty_prompt_are_rejected_and_engine_keeps_serving(tiny_qwen3):
     path, hf = tiny_qwen3
     llm = LLM(path, max_model_len=32, kv_cache_memory_bytes=8 << 20)
-    with pytest.raises(ValueError, match="too long"):
+    with pytest.raises(ValueError, match="longer than the maximum model length"):
         llm.generate([{"prompt_token_ids": list(range(1, 40))}], use_tqdm=False)
     with pytest.raises(ValueError, match="empty"):
         llm.generate([{"prompt_token_ids": []}], use_tqdm=False)

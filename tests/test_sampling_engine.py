@@ -25,7 +25,8 @@ EOS = 2  # tiny_config's eos_token_id
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen3):
-    return LLM(tiny_qwen3[0], max_model_len=128, kv_cache_memory_bytes=16 << 20)
+    # max_logprobs=-1 lifts upstream's cap of 20, so that logprobs=-1 (the whole vocabulary) runs.
+    return LLM(tiny_qwen3[0], max_model_len=128, kv_cache_memory_bytes=16 << 20, max_logprobs=-1)
 
 
 def prompts_of(n: int, seed: int = 0, min_len: int = 3, max_len: int = 40) -> list[list[int]]:

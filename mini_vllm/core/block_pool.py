@@ -2,7 +2,7 @@
 
 Mirrors upstream ``vllm/v1/core/block_pool.py`` at v0.22.1 (``BlockPool`` at
 :130, ``BlockHashToBlockMap`` at :34). Left out: KV events, metrics
-collector, group ids in hash keys, ``evict_blocks`` for connectors.
+collector, group ids in hash keys.
 
 Invariants kept:
 - block 0 is the null block: never allocated, never freed, never cached;
@@ -168,6 +168,13 @@ class BlockPool:
         self.free_block_queue.append_n([b for b in blocks if b.ref_cnt == 0 and not b.is_null])
 
     # END LAB 02.2
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop these blocks from the prefix cache (held or free, they stay
+        where they are). Upstream (:435) uses it for blocks whose KV failed to
+        load; mini_vllm for the blocks of requests whose step raised."""
+        for block_id in block_ids:
+            self._maybe_evict_cached_block(self.blocks[block_id])
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only allowed when no block is in use."""

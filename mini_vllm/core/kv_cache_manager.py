@@ -29,7 +29,7 @@ count, ``allocate_slots`` and ``free``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mini_vllm.core.block_pool import BlockPool
@@ -270,6 +270,10 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop these blocks from the prefix cache (BlockPool.evict_blocks)."""
+        self.block_pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()

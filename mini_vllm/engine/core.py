@@ -81,6 +81,30 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
+    def fail_requests(self, request_ids: list[str]) -> None:
+        """Abort requests whose step raised, and forget their KV.
+
+        ``schedule()`` advanced their ``num_computed_tokens`` and cached their
+        full blocks *before* the model wrote those blocks, so after a failed
+        step neither can be trusted: the requests are aborted (their blocks go
+        back to the pool) and their blocks leave the prefix cache, as upstream
+        evicts the blocks whose KV failed to load. Unknown or finished ids are
+        ignored. Upstream has no recovery: its engine dies on a failed step.
+        """
+        kv_cache_manager = self.scheduler.kv_cache_manager
+        block_ids = [
+            block_id
+            for request_id in request_ids
+            if request_id in self.scheduler.requests
+            for block_id in kv_cache_manager.get_block_ids(request_id)[0]
+        ]
+        self.abort_requests(request_ids)
+        kv_cache_manager.evict_blocks(block_ids)
+        # A step cut short before the runner read its finished_req_ids leaves
+        # those requests' states behind: keep only the scheduler's live ones.
+        runner = self.model_runner
+        runner.requests = {r: s for r, s in runner.requests.items() if r in self.scheduler.requests}
+
     # BEGIN LAB 01.2
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, take in its output: one engine step.

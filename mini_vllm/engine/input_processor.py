@@ -1,24 +1,35 @@
 """Validate a prompt and its sampling parameters and turn them into a Request.
 
 Mirrors upstream ``vllm/v1/engine/input_processor.py`` (``InputProcessor``
-:36, ``process_inputs`` :234; prompt checks in ``_validate_prompt_len`` at
-:379) at v0.22.1. Left out:
-multimodal inputs, LoRA, pooling, prompt embeddings, tokenizer-side
-bad-word handling.
+:36, ``process_inputs`` :234; parameter checks in ``_validate_params`` :81,
+prompt checks in ``_validate_prompt_len`` :379 and ``_validate_model_input``
+:426) at v0.22.1. Left out: multimodal inputs, LoRA, pooling, prompt
+embeddings, tokenizer-side bad-word handling.
 
-What it does for each request: tokenize a text prompt; reject an empty one
-or one that leaves no room for output within max_model_len; copy the
-sampling parameters (the caller's object is never changed), fill
+What it does for each request, in upstream's order: check the sampling
+parameters against the model (no more than ``max_logprobs`` logprobs);
+tokenize a text prompt; reject an empty prompt, one that leaves no room for
+output within max_model_len, and a token id outside the model's vocabulary;
+copy the sampling parameters (the caller's object is never changed), fill
 ``max_tokens`` when unset (max_model_len - prompt length, as upstream), and
 record the model's EOS token; attach the block hasher for prefix caching;
 refuse stop strings when the model has no tokenizer (upstream refuses them
 without detokenization, vllm/sampling_params.py:540).
+
+A ``max_tokens`` that reaches past max_model_len is accepted, as upstream:
+the scheduler ends the request at max_model_len (finish reason "length").
+
+Nothing that reaches the model can make a step fail: every token id is an
+``int`` in ``[0, vocab_size)`` (upstream checks only the largest id, and only
+when there is a tokenizer; mini_vllm checks every id always, see
+UPSTREAM_PIN.md).
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from numbers import Integral
 
 from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
 from mini_vllm.request import Request
@@ -33,9 +44,14 @@ class InputProcessor:
         block_size: int,
         eos_token_id: int | None,
         generation_config: dict | None = None,
+        *,
+        vocab_size: int,
+        max_logprobs: int = 20,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.max_logprobs = max_logprobs
         self.eos_token_id = eos_token_id
         self.generation_config = generation_config or {}
         self.block_hasher = get_request_block_hasher(block_size, sha256)
@@ -47,18 +63,52 @@ class InputProcessor:
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                token_ids = prompt["prompt_token_ids"]
+                if not isinstance(token_ids, (list, tuple)):
+                    raise ValueError(
+                        "prompt_token_ids must be a list of token ids, got "
+                        f"{type(token_ids).__name__}."
+                    )
+                return prompt.get("prompt"), list(token_ids)
             if "prompt" in prompt:
                 return self.tokenize(prompt["prompt"])
             raise ValueError(
                 f"A prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}."
             )
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, list) and all(isinstance(t, Integral) for t in prompt):
             return None, list(prompt)
         raise ValueError(
             f"Unsupported prompt type {type(prompt).__name__}: use str, "
             "{'prompt_token_ids': [...]} or a list of token ids."
         )
+
+    def _validate_model_input(self, request_id: str, token_ids: list) -> None:
+        """Upstream's prompt checks: not empty, room for an output token, ids in the vocabulary."""
+        if not token_ids:
+            raise ValueError(f"Request {request_id!r}: the decoder prompt cannot be empty.")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(
+                f"Request {request_id!r}: the decoder prompt (length {len(token_ids)}) is "
+                f"longer than the maximum model length of {self.max_model_len}. Make sure "
+                "that `max_model_len` is no smaller than the number of text tokens."
+            )
+        if len(token_ids) == self.max_model_len:
+            raise ValueError(
+                f"Request {request_id!r}: the decoder prompt (length {len(token_ids)}) plus "
+                "the number of requested output tokens (at least 1) is longer than the "
+                f"maximum model length of {self.max_model_len}."
+            )
+        for token_id in token_ids:
+            if isinstance(token_id, bool) or not isinstance(token_id, Integral):
+                raise ValueError(
+                    f"Request {request_id!r}: prompt_token_ids must contain only integers, "
+                    f"got {type(token_id).__name__} {token_id!r}."
+                )
+            if not 0 <= token_id < self.vocab_size:
+                raise ValueError(
+                    f"Request {request_id!r}: Token id {token_id} is out of vocabulary "
+                    f"(vocab_size={self.vocab_size})."
+                )
 
     def process_inputs(
         self,
@@ -68,21 +118,20 @@ class InputProcessor:
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> tuple[str | None, Request]:
-        prompt_text, token_ids = self.tokenize(prompt)
-        if not token_ids:
-            raise ValueError(f"Request {request_id!r}: the prompt cannot be empty.")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"Request {request_id!r}: the prompt (length {len(token_ids)}) is too long: "
-                f"it must be shorter than max_model_len={self.max_model_len} so that at "
-                "least one token can be generated."
-            )
-        params = copy.deepcopy(params) if params is not None else SamplingParams()
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, but got {type(params).__name__}")
+        params._validate_logprobs(self.max_logprobs, self.vocab_size)
         if params.stop and self.tokenizer is None:
             # Upstream: "stop strings are only supported when detokenize is True".
             raise ValueError(
                 f"Request {request_id!r}: stop strings need a tokenizer, and this model has none."
             )
+        prompt_text, token_ids = self.tokenize(prompt)
+        self._validate_model_input(request_id, token_ids)
+        token_ids = [int(t) for t in token_ids]
+        params = copy.deepcopy(params)
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(token_ids)
         params.update_from_generation_config(self.generation_config, self.eos_token_id)

