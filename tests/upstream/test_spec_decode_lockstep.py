@@ -234,6 +234,8 @@ def _run_both(case):
         [draft_ids[s - n : s].tolist() for s, n in _ends(num_draft_tokens)]
     )
     up = upstream_rejection_sampler()
+    upstream_meta = _upstream_metadata(temperature, seeds)
+    mini_meta = _mini_metadata(temperature, seeds)
     torch.manual_seed(gseed)
     expected = up.rejection_sample(
         meta.draft_token_ids,
@@ -243,8 +245,9 @@ def _run_both(case):
         draft_probs,
         target_logits.clone(),
         bonus,
-        _upstream_metadata(temperature, seeds),
+        upstream_meta,
     )
+    upstream_global_state = torch.get_rng_state()
     torch.manual_seed(gseed)
     got = rejection_sample(
         meta.draft_token_ids,
@@ -254,8 +257,13 @@ def _run_both(case):
         draft_probs,
         target_logits.clone(),
         bonus,
-        _mini_metadata(temperature, seeds),
+        mini_meta,
     )
+    # Each seeded request's generator must have advanced the same way (a
+    # request without drafts draws nothing), and so must the global one.
+    for i, generator in upstream_meta.generators.items():
+        assert torch.equal(mini_meta.generators[i].get_state(), generator.get_state()), i
+    assert torch.equal(torch.get_rng_state(), upstream_global_state)
     return got, expected
 
 
