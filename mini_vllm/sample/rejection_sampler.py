@@ -3,7 +3,7 @@ then one token of the target's own.
 
 Mirrors upstream ``vllm/v1/sample/rejection_sampler.py`` at v0.22.1:
 ``RejectionSampler`` :37 (``forward`` :87, ``parse_output`` :247),
-``rejection_sample`` :392, ``apply_sampling_constraints`` :495,
+``rejection_sample`` :392, ``apply_sampling_constraints`` :506,
 ``generate_uniform_probs`` :604, ``sample_recovered_tokens`` :659 and the
 Triton kernels they launch (greedy :708, random :762, recovered :854), here
 in torch: one loop iteration per request where upstream runs one Triton
