@@ -258,12 +258,13 @@ def sample_recovered_tokens(
     ``max(p - q, 0)`` (``p`` without the draft token when there is no ``q``),
     by ``argmax(prob / E)`` with one ``E ~ Exp(1)`` row per request."""
     batch_size, vocab_size = len(num_draft_tokens), target_probs.shape[-1]
-    q = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=target_probs.device)
-    q.exponential_()  # [batch, vocab]
+    # The exponentials (upstream names them q; here q is the draft's distribution).
+    noise = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=target_probs.device)
+    noise.exponential_()  # [batch, vocab]
     for req, generator in enumerate(sampling_metadata.generators):
         if generator is not None and num_draft_tokens[req] > 0:
-            q[req].exponential_(generator=generator)
-    inv_q = q.reciprocal()  # [batch, vocab]
+            noise[req].exponential_(generator=generator)
+    inv_noise = noise.reciprocal()  # [batch, vocab]
 
     if draft_probs is None:
         rows = torch.arange(draft_token_ids.shape[0], device=target_probs.device)  # [num_tokens]
@@ -272,5 +273,5 @@ def sample_recovered_tokens(
     else:
         prob = (target_probs - draft_probs).clamp(min=0.0)  # [num_tokens, vocab]
     repeats = torch.tensor(num_draft_tokens, device=target_probs.device)  # [batch]
-    score = prob * inv_q.repeat_interleave(repeats, dim=0)  # [num_tokens, vocab]
+    score = prob * inv_noise.repeat_interleave(repeats, dim=0)  # [num_tokens, vocab]
     return score.argmax(dim=-1).to(draft_token_ids.dtype)  # [num_tokens]
