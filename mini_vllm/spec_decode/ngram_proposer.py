@@ -21,7 +21,7 @@ that, or a request already at ``max_model_len``: no draft (an empty list).
 
 Upstream finds the match with one KMP scan over the reversed context (numba
 compiled, O(T)). Here it is plain numpy, one vectorised comparison per
-candidate ``n`` from the longest down (O(T * n) per request), because it
+candidate ``n`` from the longest down (O(T * n) work for each ``n``), because it
 reads as the rule above; it is slower for long contexts, which a teaching
 engine can afford. Upstream's scan keeps the last of equally long matches in
 reversed order, which is the earliest in the original order, as here.
