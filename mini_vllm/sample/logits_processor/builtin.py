@@ -9,8 +9,8 @@ Per-row state and how it follows the batch (see interface.py):
   and a count of rows with min_p > 0; when the count is 0 it does nothing.
   ``apply`` turns the logits into probabilities and masks every token whose
   probability is below ``min_p * (the row's largest probability)``. It is
-  argmax-invariant, so the sampler runs it only for random rows, after
-  temperature: min_p sees the temperature-scaled distribution.
+  argmax-invariant, so the sampler runs it after temperature, when some row
+  samples at random: min_p sees the temperature-scaled distribution.
 - logit_bias and min_tokens keep sparse dicts row -> state, updated by
   ``process_dict_updates``: an added row gets a new state (or loses a stale
   one), a removed row loses its state, a moved row carries it (a SWAP

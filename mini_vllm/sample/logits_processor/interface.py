@@ -27,8 +27,9 @@ on what it produces.
 
 ``is_argmax_invariant`` says whether a processor can change a greedy pick:
 the sampler runs the ones that can (min_tokens, logit_bias) before the
-penalties, and the ones that cannot (min_p) only for random rows, after
-temperature.
+penalties, and the ones that cannot (min_p) after temperature, and only when
+some row samples at random (a greedy row's token is the argmax taken
+before them).
 
 Differences (see UPSTREAM_PIN.md): the config passed to ``__init__`` is
 mini_vllm's ``VllmConfig``, and processors read the request's parameters by
