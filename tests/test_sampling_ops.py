@@ -86,7 +86,7 @@ def _params(min_p=0.0, logit_bias=None, min_tokens=0, stop=()):
 
 
 @SETTINGS
-@given(logits=rows_of_logits(), min_p=st.floats(0.0, 1.0))
+@given(logits=rows_of_logits(), min_p=st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0)))
 def test_min_p_keeps_tokens_at_least_min_p_times_the_top(logits, min_p):
     proc = lp.MinPLogitsProcessor(_config(), torch.device("cpu"), False)
     proc.update_state(lp.BatchUpdate(1, removed=[], added=[(0, _params(min_p), [], [])], moved=[]))
