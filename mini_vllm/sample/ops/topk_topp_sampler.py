@@ -37,9 +37,10 @@ import torch
 class TopKTopPSampler:
     """Top-k / top-p masking followed by a random draw, upstream's native path.
 
-    ``logprobs_mode`` decides what ``forward`` returns beside the tokens:
-    the masked logits for ``"processed_logits"``, their log-softmax for
-    ``"processed_logprobs"``, otherwise ``None``.
+    Calling it runs ``forward_native``. ``logprobs_mode`` decides what it
+    returns beside the int64 [B] tokens: the masked logits for
+    ``"processed_logits"``, their log-softmax for ``"processed_logprobs"``,
+    otherwise ``None``.
     """
 
     def __init__(self, logprobs_mode: str = "raw_logprobs") -> None:
