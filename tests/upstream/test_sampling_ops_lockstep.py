@@ -395,7 +395,7 @@ def _processor_pairs(up, vocab):
     ]
 
 
-def _state(name, proc, num_reqs):
+def _state(name, proc):
     """A processor's per-row state in a form both sides share."""
     if name == "MinPLogitsProcessor":
         return proc.min_p_count, [proc.get_min_p_by_index(i) for i in range(MAX_REQS)]
@@ -455,11 +455,11 @@ def test_builtin_processors_match_upstream_through_batch_updates(up, counts, wor
         for name, mini_proc, up_proc in procs:
             mini_proc.update_state(mini_update)
             up_proc.update_state(up_update)
-            assert _state(name, mini_proc, num_reqs) == _state(name, up_proc, num_reqs), (
+            assert _state(name, mini_proc) == _state(name, up_proc), (
                 f"{where}, {name}: state differs\nrows {batch.rows}"
             )
             assert mini_proc.is_argmax_invariant() == up_proc.is_argmax_invariant(), name
-            if _state(name, up_proc, num_reqs) not in ({}, (0, [0.0] * MAX_REQS)):
+            if _state(name, up_proc) not in ({}, (0, [0.0] * MAX_REQS)):
                 key = f"sampling lockstep steps with {name} state"
                 counts[key] = counts.get(key, 0) + 1
             got = mini_proc.apply(logits.clone())
