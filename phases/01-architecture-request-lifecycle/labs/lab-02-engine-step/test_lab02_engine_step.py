@@ -17,6 +17,7 @@ import pytest
 
 from mini_vllm.engine import EngineCoreOutputs
 from mini_vllm.oracle import lifecycle
+from mini_vllm.oracle.workload import Progress
 from mini_vllm.sampling_params import SamplingParams
 
 
@@ -130,10 +131,12 @@ def abort_scenario(engine):
     engine.add_request("drop", "General Kenobi", params)
     seen: dict[str, list] = {"keep": [], "drop": []}
     step = 0
+    progress = Progress()
     while engine.has_unfinished_requests():
         for out in engine.step():
             seen[out.request_id].append((out.outputs[0].token_ids, out.outputs[0].finish_reason))
         step += 1
+        progress.after_step(engine.engine_core.scheduler, step)
         if step == 1:
             engine.abort_request("drop")
     return seen, engine.engine_core.num_steps
@@ -182,8 +185,10 @@ def two_preemptions_run(engine):
         return out
 
     sched.schedule = schedule
+    progress = Progress()
     while engine.has_unfinished_requests():
         engine.step()
+        progress.after_step(sched, len(preempted))
     return preempted, engine.engine_core.num_preemptions
 
 
