@@ -190,7 +190,9 @@ def test_a_hang_in_phase_03_costs_one_time_limit(tmp_path):
     """A `while True` planted in Lab 03.5's region of update_from_output:
     check 03 ends within two minutes (the issue's budget), Lab 03.5's first
     test names the function that hung, its other tests and the whole-phase
-    tests fail at once naming that test, and the other labs score full marks."""
+    tests (Lab 03.7) fail at once naming that test, and another lab is still
+    graded. Only Labs 03.5, 03.7 and one test of Lab 03.1 are selected, to
+    keep CI cheap: the others run as in any check."""
     labs = solved(tmp_path)
     plant(
         labs,
@@ -199,8 +201,9 @@ def test_a_hang_in_phase_03_costs_one_time_limit(tmp_path):
         "            finish_reason = None\n            while True:\n                pass\n"
         "            if stopped:\n",
     )
+    selected = "test_lab05 or test_lab07 or test_gate_max_num_seqs"
     start = time.monotonic()
-    proc = check("03", "--labs-dir", str(labs), cwd=tmp_path, timeout=600)
+    proc = check("03", "--labs-dir", str(labs), "--", "-k", selected, cwd=tmp_path, timeout=600)
     wall = time.monotonic() - start
     assert wall < 120, f"check 03 took {wall:.0f} s with a hang planted"
     assert proc.returncode == 1
@@ -210,10 +213,10 @@ def test_a_hang_in_phase_03_costs_one_time_limit(tmp_path):
     assert "still running after" in first["output"], first["output"]
     assert "`update_from_output`" in first["output"], first["output"]
     hung_test = first["name"].split(" · ")[1]
-    for t in rest + [t for t in results["tests"] if t["number"] == "03.7"]:
+    lab7 = [t for t in results["tests"] if t["number"] == "03.7"]
+    assert rest and lab7
+    for t in rest + lab7:
         assert "not run" in t["output"] and hung_test in t["output"], t["output"]
         assert "`update_from_output`" in t["output"], t["output"]
-    for lab in ("03.1", "03.2", "03.3", "03.4", "03.6"):
-        row = results["labs"][lab]
-        assert row["points"] == row["total"] > 0, (lab, row)
+    assert results["labs"]["03.1"]["points"] == results["labs"]["03.1"]["total"] > 0
     assert hung_test in proc.stdout and "update_from_output" in proc.stdout

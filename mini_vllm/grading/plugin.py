@@ -150,14 +150,16 @@ def not_run_message(config, item) -> str | None:
     """Why ``item`` fails without running, after a hang earlier in this run."""
     hung = config._grading["hung"]
     lab = lab_of(Path(str(item.fspath)))
+    if lab is None:
+        return None
     if lab in hung:
         nodeid, where = hung[lab]
         return (
             f"not run: {nodeid} of this lab hung in {where}, so the lab's other tests fail "
             "at once instead of each waiting out its time limit. Fix that loop and check again."
         )
-    phase = (lab or "").split(".")[0]
-    earlier = [v for k, v in hung.items() if k.split(".")[0] == phase]
+    phase = lab.split(".")[0]
+    earlier = [v for k, v in hung.items() if k and k.split(".")[0] == phase]
     if item.get_closest_marker("phase") and earlier:
         nodeid, where = earlier[0]
         return (

@@ -89,7 +89,7 @@ def grade(folder: Path, pytest_args: list[str]) -> Outcome:
             try:
                 stuck = watch(child, events)
             except KeyboardInterrupt:
-                stop(child)
+                stop(child, wait_first=True)
                 merge(by_id, events)
                 running = current_test(events)
                 where = stuck_in(Path(f"{events}.stacks"))
@@ -124,10 +124,10 @@ def watch(child: subprocess.Popen, events: Path) -> tuple[str, float] | None:
     return None
 
 
-def stop(child: subprocess.Popen) -> None:
-    """Give the child a moment (it may be ending on Ctrl-C), then SIGTERM
-    (the plugin dumps its stacks), then SIGKILL."""
-    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+def stop(child: subprocess.Popen, wait_first: bool = False) -> None:
+    """SIGTERM (the plugin dumps the stacks), then SIGKILL; with ``wait_first``,
+    first give the child a moment to end by itself (it got the Ctrl-C too)."""
+    for sig in ((None,) if wait_first else ()) + (signal.SIGTERM, signal.SIGKILL):
         if sig is not None and child.poll() is None:
             child.send_signal(sig)
         try:
