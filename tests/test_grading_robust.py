@@ -140,11 +140,11 @@ def test_a_loop_that_swallows_the_timeout_is_stopped_and_the_rest_graded(tmp_pat
     proc = check(*args, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    by_name = {t["name"].split("::")[-1]: t for t in results["tests"]}
+    by_name = {t["name"].split(" · ")[1]: t for t in results["tests"]}
     hung = by_name[APPEND_TEST]["output"]
     assert "stuck in `append`" in hung and "catch BaseException" in hung, hung
     assert by_name[POOL_TEST]["status"] == "passed", "the other lab must still be graded"
-    assert (results["score"], results["max_score"]) == (1.0, 2.0)
+    assert results["score"] == results["max_score"] - by_name[APPEND_TEST]["max_score"] > 0
 
 
 def test_ctrl_c_stops_a_loop_that_swallows_it(tmp_path):
