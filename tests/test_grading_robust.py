@@ -188,10 +188,10 @@ def test_ctrl_c_stops_a_loop_that_swallows_it(tmp_path):
 @pytest.mark.slow
 def test_a_hang_in_phase_03_costs_one_time_limit(tmp_path):
     """A `while True` planted in Lab 03.5's region of update_from_output:
-    check 03 ends within two minutes (the issue's budget), Lab 03.5's first
-    test names the function that hung, its other tests and the whole-phase
-    tests (Lab 03.7) fail at once naming that test, and another lab is still
-    graded. Only Labs 03.5, 03.7 and one test of Lab 03.1 are selected, to
+    check 03 ends within two minutes (the issue's budget), the first Lab 03.5
+    test that reaches it names the function that hung, the lab's later tests
+    and the whole-phase tests (Lab 03.7) fail at once naming that test, and
+    another lab is still graded. Only Labs 03.5, 03.7 and one test of Lab 03.1 are selected, to
     keep CI cheap: the others run as in any check."""
     labs = solved(tmp_path)
     plant(
@@ -209,8 +209,9 @@ def test_a_hang_in_phase_03_costs_one_time_limit(tmp_path):
     assert proc.returncode == 1
     results = json.loads((tmp_path / "results.json").read_text())
     lab5 = [t for t in results["tests"] if t["number"] == "03.5"]
-    first, rest = lab5[0], lab5[1:]
-    assert "still running after" in first["output"], first["output"]
+    hung = [i for i, t in enumerate(lab5) if "still running after" in t["output"]]
+    assert len(hung) == 1, [t["output"][:200] for t in lab5]
+    first, rest = lab5[hung[0]], lab5[hung[0] + 1 :]
     assert "`update_from_output`" in first["output"], first["output"]
     hung_test = first["name"].split(" · ")[1]
     lab7 = [t for t in results["tests"] if t["number"] == "03.7"]
