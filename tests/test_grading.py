@@ -204,3 +204,23 @@ def test_check_rejects_unknown_targets():
     assert "give a phase like 03" in run("3.x").stderr
     assert "No phase 42" in run("42").stderr
     assert "has no lab 9" in run("03.9").stderr
+
+
+def test_a_scheduler_that_stops_advancing_fails_at_once():
+    """A scheduler that never takes in the sampled tokens stalls once the
+    prompts are computed: the driver says so after NO_PROGRESS_STEPS steps,
+    with the state, instead of running to max_steps or a time limit."""
+    from mini_vllm.core.sched.scheduler import Scheduler
+    from mini_vllm.engine import EngineCoreOutputs
+    from mini_vllm.grading import checks
+    from mini_vllm.oracle.scenarios import get_scenario
+    from mini_vllm.oracle.workload import NO_PROGRESS_STEPS
+
+    class NeverAppends(Scheduler):
+        def update_from_output(self, scheduler_output, model_runner_output):
+            return EngineCoreOutputs()
+
+    message = checks.reference_mismatch(NeverAppends, get_scenario("preemption_fcfs"))
+    assert f"no request advanced for {NO_PROGRESS_STEPS} steps" in message, message
+    assert "RUNNING" in message and "free KV blocks" in message, message
+    assert checks.reference_mismatch(Scheduler, get_scenario("preemption_fcfs")) is None
