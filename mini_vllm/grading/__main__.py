@@ -94,7 +94,7 @@ def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_arg
 
     outcome = run.grade(folder, pytest_args)
     if outcome.results is None:
-        print(f"\n{outcome.problem}\nNo score: results.json was not written.")
+        print(f"\n{outcome.problem}\nNo score: {results} was not written.")
         return 130 if outcome.interrupted else 1
     write_results(path, outcome.results)
     summary = outcome.results
