@@ -13,10 +13,10 @@ grade (see ``impl.py``).
 A hang costs one time limit per lab, not one per test: once a test times
 out, the lab's other tests fail at once naming the test and the function
 that hung, and so do the phase's whole-phase tests (they run every region,
-the hung one included). ``--grading-events`` makes the plugin log each test's
-start (with its limit), hang and result as JSON lines: ``python -m
-mini_vllm.grading check`` reads them to stop a run whose code swallowed the
-timeout (see ``__main__.py``).
+the hung one included). ``--grading-events`` makes the plugin log, as JSON
+lines, when each test's setup and body start (with its limit), a hang and
+the result: ``python -m mini_vllm.grading check`` reads them to stop a run
+whose code swallowed the timeout (see ``run.py``).
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def not_run_message(config, item) -> str | None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     """Fixtures load and may run the code under grade: they get the limit too."""
-    _event(item.config, event="start", nodeid=item.nodeid, limit=time_limit(item))
+    _event(item.config, event="setup", nodeid=item.nodeid, limit=time_limit(item))
     if (message := not_run_message(item.config, item)) is not None:
         pytest.fail(message, pytrace=False)
     with alarm(item):
@@ -202,6 +202,7 @@ def time_limit(item) -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
+    _event(item.config, event="call", nodeid=item.nodeid, limit=time_limit(item))
     with alarm(item):
         yield
 

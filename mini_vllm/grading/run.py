@@ -109,9 +109,10 @@ def grade(folder: Path, pytest_args: list[str]) -> Outcome:
             fail_stuck(by_id, stuck, Path(f"{events}.stacks"))
 
 
-def watch(child: subprocess.Popen, events: Path) -> tuple[str, float] | None:
-    """Wait for ``child``; None when it ended on its own. A test that runs
-    ``GRACE`` seconds past its limit stops it: returns (node id, limit)."""
+def watch(child: subprocess.Popen, events: Path) -> tuple[str, float, str] | None:
+    """Wait for ``child``; None when it ended on its own. A test whose setup
+    or body runs ``GRACE`` seconds past its limit stops it: returns what
+    ``current_test`` said."""
     seen, started = None, 0.0
     while child.poll() is None:
         running = current_test(events)
@@ -152,12 +153,13 @@ def read_events(events: Path) -> list[dict]:
     return out
 
 
-def current_test(events: Path) -> tuple[str, float] | None:
-    """(node id, time limit) of the test running now, or None."""
+def current_test(events: Path) -> tuple[str, float, str] | None:
+    """(node id, time limit, "setup" or "call") of the test running now, or
+    None. Its setup and its body each get the limit, as in the plugin."""
     running = None
     for e in read_events(events):
-        if e["event"] == "start":
-            running = (e["nodeid"], e["limit"])
+        if e["event"] in ("setup", "call"):
+            running = (e["nodeid"], e["limit"], e["event"])
         elif e["event"] == "result" and running and e["nodeid"] == running[0]:
             running = None
     return running
@@ -191,15 +193,15 @@ def stuck_in(stacks: Path) -> str | None:
     return None
 
 
-def fail_stuck(by_id: dict, stuck: tuple[str, float], stacks: Path) -> None:
+def fail_stuck(by_id: dict, stuck: tuple[str, float, str], stacks: Path) -> None:
     """The stopped test fails naming where it was stuck; its lab's other
     tests, and the phase's whole-phase tests, fail at once."""
-    nodeid, limit = stuck
+    nodeid, limit, stage = stuck
     where = stuck_in(stacks) or "code that could not be located"
     entry = by_id[nodeid]
     entry["status"] = "failed"
     entry["output"] = (
-        f"call: still running {limit + GRACE:g} s after it started (its limit is {limit:g} s), "
+        f"{stage}: still running {limit + GRACE:g} s after it started (its limit is {limit:g} s), "
         f"stuck in {where}, so the run was stopped. The code kept running after the time "
         "limit: does a loop catch BaseException (or use a bare `except:`)? Catch Exception "
         "instead, and look for a loop that never ends."
