@@ -102,9 +102,9 @@ def test_generate_never_overwrites_student_code(tmp_path):
 
 
 def _fake_phase(tmp_path: Path) -> Path:
-    lab = tmp_path / "phases" / "99-demo" / "labs" / "lab-01-demo"
-    lab.mkdir(parents=True)
-    (lab / "test_demo.py").write_text(
+    labs = tmp_path / "phases" / "99-demo" / "labs"
+    (labs / "lab-01-demo").mkdir(parents=True)
+    (labs / "lab-01-demo" / "test_demo.py").write_text(
         textwrap.dedent("""
         import pytest
 
@@ -116,28 +116,48 @@ def _fake_phase(tmp_path: Path) -> Path:
         def test_student_bug():
             raise KeyError("student code blew up")
 
-        @pytest.mark.points(4)
-        @pytest.mark.timeout(1)
-        def test_infinite_loop():
+        def test_teaching_message():
+            assert 3 == 4, "step 2: the budget was exceeded (expected 3, got 4)"
+
+        def spin():
             while True:
                 pass
 
-        def test_teaching_message():
-            assert 3 == 4, "step 2: the budget was exceeded (expected 3, got 4)"
+        @pytest.mark.points(4)
+        @pytest.mark.timeout(1)
+        def test_infinite_loop():
+            spin()
+
+        def test_after_the_hang():
+            assert True  # would pass, but its lab already hung
     """)
     )
-    return lab
+    (labs / "lab-02-other").mkdir()
+    (labs / "lab-02-other" / "test_other.py").write_text(
+        textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.points(5)
+        def test_other_lab_is_still_graded():
+            assert True
+
+        @pytest.mark.phase
+        def test_whole_phase():
+            assert True  # would pass, but it runs every region, the hung one too
+    """)
+    )
+    return labs
 
 
 def test_plugin_scores_times_out_and_reports_each_failure(tmp_path):
-    lab = _fake_phase(tmp_path)
+    labs = _fake_phase(tmp_path)
     results = tmp_path / "results.json"
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "pytest",
-            str(lab),
+            str(labs),
             "-p",
             "mini_vllm.grading.plugin",
             "-p",
@@ -154,15 +174,24 @@ def test_plugin_scores_times_out_and_reports_each_failure(tmp_path):
         cwd=tmp_path,
     )
     assert proc.returncode == 1
-    assert "99.1" in proc.stdout and "3 / 10" in proc.stdout  # the score table
+    assert "99.1" in proc.stdout and "3 / 11" in proc.stdout  # the score table
     data = json.loads(results.read_text())
-    assert (data["score"], data["max_score"]) == (3.0, 10.0)
+    assert (data["score"], data["max_score"]) == (8.0, 17.0)
+    assert data["run_id"]
     by_name = {t["name"].split(" · ")[1]: t for t in data["tests"]}
     assert by_name["test_passes"]["status"] == "passed"
     assert "KeyError" in by_name["test_student_bug"]["output"]
-    assert "still running after 1 s" in by_name["test_infinite_loop"]["output"]
     assert "the budget was exceeded" in by_name["test_teaching_message"]["output"]
-    assert all(t["number"] == "99.1" for t in data["tests"])
+    hung = by_name["test_infinite_loop"]["output"]
+    assert "still running after 1 s" in hung and "`spin`" in hung
+    # After the hang, the lab's other tests and the whole-phase test fail at once,
+    # naming the test and the function that hung; the other lab is still graded.
+    for name in ("test_after_the_hang", "test_whole_phase"):
+        out = by_name[name]["output"]
+        assert "not run" in out and "test_demo.py::test_infinite_loop" in out, out
+        assert "hung in `spin`" in out, out
+    assert by_name["test_other_lab_is_still_graded"]["status"] == "passed"
+    assert [t["number"] for t in data["tests"]] == ["99.1"] * 5 + ["99.2"] * 2
 
 
 def test_check_rejects_unknown_targets():
@@ -175,3 +204,23 @@ def test_check_rejects_unknown_targets():
     assert "give a phase like 03" in run("3.x").stderr
     assert "No phase 42" in run("42").stderr
     assert "has no lab 9" in run("03.9").stderr
+
+
+def test_a_scheduler_that_stops_advancing_fails_at_once():
+    """A scheduler that never takes in the sampled tokens stalls once the
+    prompts are computed: the driver says so after NO_PROGRESS_STEPS steps,
+    with the state, instead of running to max_steps or a time limit."""
+    from mini_vllm.core.sched.scheduler import Scheduler
+    from mini_vllm.engine import EngineCoreOutputs
+    from mini_vllm.grading import checks
+    from mini_vllm.oracle.scenarios import get_scenario
+    from mini_vllm.oracle.workload import NO_PROGRESS_STEPS
+
+    class NeverAppends(Scheduler):
+        def update_from_output(self, scheduler_output, model_runner_output):
+            return EngineCoreOutputs()
+
+    message = checks.reference_mismatch(NeverAppends, get_scenario("preemption_fcfs"))
+    assert f"no request advanced for {NO_PROGRESS_STEPS} steps" in message, message
+    assert "RUNNING" in message and "free KV blocks" in message, message
+    assert checks.reference_mismatch(Scheduler, get_scenario("preemption_fcfs")) is None

@@ -6,6 +6,10 @@
   reference's with ``IMPL=ref``);
 - ``plugin``: the pytest plugin behind ``make check-phase-NN``: points,
   per-test timeouts, the score table and ``results.json``;
+- ``run``: runs a graded suite in a child pytest that ``check`` watches, so
+  that no code under grade can outlast its time limit or fake a score;
+- ``checks``: scheduler checks the graded suites share (snapshots, lockstep
+  against the reference);
 - ``diff_upstream``: a mini_vllm (or student) symbol beside upstream's at the pin.
 
 Run ``python -m mini_vllm.grading --help``.

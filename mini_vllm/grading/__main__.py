@@ -10,7 +10,6 @@ diff SYMBOL [--impl labs]                  a symbol beside upstream's at the pin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -74,8 +73,6 @@ def phase_dir(phase: str) -> Path:
 
 
 def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_args: list) -> int:
-    import pytest
-
     phase, _, lab = target.partition(".")
     if not (phase.isdigit() and len(phase) == 2 and (lab == "" or lab.isdigit())):
         raise SystemExit(f"{target!r}: give a phase like 03 or a lab like 03.2")
@@ -90,40 +87,23 @@ def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_arg
     os.environ["IMPL"] = impl
     if labs_dir:
         os.environ["MINI_VLLM_LABS_DIR"] = str(Path(labs_dir).resolve())
-    # Without CUDA, Triton kernels run in its interpreter; it must be on
-    # before anything imports triton.
-    try:
-        import torch
+    path = Path(results).resolve()
+    path.unlink(missing_ok=True)  # an old score must never read as this run's
+    from mini_vllm.grading import run
+    from mini_vllm.grading.plugin import _graded, score_table, write_results
 
-        if not torch.cuda.is_available():
-            os.environ.setdefault("TRITON_INTERPRET", "1")
-    except ImportError:
-        pass
-    code = pytest.main(
-        [
-            str(folder),
-            "-p",
-            "no:cacheprovider",
-            "--tb=short",
-            "-q",
-            "--rootdir",
-            str(R.REPO_ROOT),
-            "--results",
-            results,
-            "--no-score-table",
-            *pytest_args,
-        ]
+    outcome = run.grade(folder, pytest_args)
+    if outcome.results is None:
+        print(f"\n{outcome.problem}\nNo score: {results} was not written.")
+        return 130 if outcome.interrupted else 1
+    write_results(path, outcome.results)
+    summary = outcome.results
+    print(
+        f"\nScore ({_graded()}):\n{score_table(summary)}\n"
+        f"results: {results} (run {summary['run_id']})"
     )
-    try:
-        summary = json.loads(Path(results).read_text())
-    except (OSError, ValueError):
-        print("No results were written: the suite did not run.")
-        return 1
-    from mini_vllm.grading.plugin import _graded, score_table
-
-    print(f"\nScore ({_graded()}):\n{score_table(summary)}\nresults: {results}")
     full = summary["max_score"] > 0 and summary["score"] == summary["max_score"]
-    return 0 if full and code == 0 else 1
+    return 0 if full and outcome.complete else 1
 
 
 def main(argv: list[str] | None = None) -> int:

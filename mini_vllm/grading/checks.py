@@ -1,8 +1,9 @@
 """Checks the graded suites share: a scheduler against upstream's snapshots,
 and against the reference on generated workloads.
 
-Both return None or a message; a crash or a run that never ends in the
-code under grade becomes a message too (only NotImplementedError, an
+Both return None or a message; a crash, a run in which no request advances
+(``no request advanced for N steps``) or one that never ends in the code
+under grade becomes a message too (only NotImplementedError, an
 unwritten lab region, propagates).
 
 Both run the loop upstream's EngineCore runs (``schedule()`` -> fake model
@@ -18,7 +19,7 @@ import traceback
 
 import mini_vllm.testing as testing
 from mini_vllm.oracle import snapshots
-from mini_vllm.oracle.workload import Workload, first_difference, run_workload
+from mini_vllm.oracle.workload import Stalled, Workload, first_difference, run_workload
 
 YOURS = "your scheduler"
 
@@ -33,6 +34,8 @@ def _run(scheduler_cls: type, workload: Workload, max_steps: int | None):
         return run_workload(testing, workload, scheduler=scheduler), None
     except NotImplementedError:
         raise
+    except Stalled as e:
+        return None, str(e)
     except RuntimeError as e:
         if "did not finish" not in str(e):
             return None, crash_message(e)

@@ -2,33 +2,55 @@
 
 Graded tests live in ``phases/NN-slug/labs/lab-MM-slug/``; the folder names
 the lab (``NN.M``). A test is worth ``@pytest.mark.points(n)`` points (1 if
-unmarked) and gets ``@pytest.mark.timeout(seconds)`` (``DEFAULT_TIMEOUT``
-if unmarked) before it is failed as a likely infinite loop. At the end the
-plugin prints a score table and writes a Gradescope-style ``results.json``.
-The ``impl`` fixture hands a test the code under grade (see ``impl.py``).
+unmarked); its setup (the fixtures that load the code under grade) and its
+body each get ``@pytest.mark.timeout(seconds)`` (``DEFAULT_TIMEOUT`` if
+unmarked) before it is failed as a likely infinite loop. At the end the
+plugin prints a score table and writes a Gradescope-style ``results.json``
+(atomically, tagged with the run's id; nothing when no graded test ran or
+the run was interrupted). The ``impl`` fixture hands a test the code under
+grade (see ``impl.py``).
+
+A hang costs one time limit per lab, not one per test: once a test times
+out, the lab's other tests fail at once naming the test and the function
+that hung, and so do the phase's whole-phase tests (they run every region,
+the hung one included). ``--grading-events`` makes the plugin log, as JSON
+lines, when each test's setup and body start (with its limit), a hang and
+the result: ``python -m mini_vllm.grading check`` reads them to stop a run
+whose code swallowed the timeout (see ``run.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import json
 import os
 import re
 import signal
 import threading
+import traceback
+import uuid
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from mini_vllm.grading import impl as impl_mod
+from mini_vllm.grading.regions import REPO_ROOT
 
-DEFAULT_TIMEOUT = 60.0
+# Most graded tests take well under a second on the reference; this leaves
+# room for a loaded 2-core machine. Slower tests (properties, real models)
+# carry their own @pytest.mark.timeout, set from `--durations=0` runs.
+DEFAULT_TIMEOUT = 20.0
 LAB_DIR = re.compile(r"^lab-(\d+)-[\w-]+$")
 PHASE_DIR = re.compile(r"^(\d\d)-[\w-]+$")
 
 __all__ = [
     "pytest_addoption",
     "pytest_configure",
+    "pytest_sessionstart",
+    "pytest_collection_modifyitems",
+    "pytest_runtest_setup",
     "pytest_runtest_call",
     "pytest_runtest_logreport",
     "pytest_collection_finish",
@@ -70,13 +92,91 @@ def pytest_addoption(parser):
         action="store_true",
         help="write results.json but leave the score table to the caller",
     )
+    parser.addoption(
+        "--grading-events", default=None, help="log test starts, hangs and results here"
+    )
+    parser.addoption(
+        "--grading-skip",
+        default=None,
+        help="a file of node ids (one a line) already graded earlier in this run: leave them out",
+    )
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "points(n): what the test is worth")
     config.addinivalue_line("markers", "timeout(seconds): fail the test after this long")
     config.addinivalue_line("markers", "phase: checks the whole phase with all your labs at once")
-    config._grading = {"by_id": {}}
+    config._grading = {"by_id": {}, "hung": {}, "hung_tests": {}}
+    events = config.getoption("--grading-events")
+    if events and hasattr(signal, "SIGTERM"):
+        # What a check stopping this run reads: where each thread was when it
+        # was stopped (dumped by the interpreter, whatever the code under grade does).
+        config._grading["stacks"] = stacks = open(f"{events}.stacks", "w")
+        faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
+
+
+def pytest_sessionstart(session):
+    """No score from an earlier run may survive this one (it would read as current)."""
+    Path(session.config.getoption("--results") or "results.json").unlink(missing_ok=True)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    skip = config.getoption("--grading-skip")
+    if not skip:
+        return
+    done = set(Path(skip).read_text().splitlines())
+    config.hook.pytest_deselected(items=[i for i in items if i.nodeid in done])
+    items[:] = [i for i in items if i.nodeid not in done]
+
+
+def _event(config, **event) -> None:
+    path = config.getoption("--grading-events")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(event) + "\n")
+
+
+def hung_where(frame) -> str:
+    """The innermost frame of the project's code or the code under grade in
+    ``frame``'s stack, as ``function (file:line: `code`)``."""
+    ours = (str(REPO_ROOT), str(impl_mod.labs_dir()))
+    stack = traceback.extract_stack(frame)
+    inner = [f for f in stack if f.filename.startswith(ours) and "/.venv/" not in f.filename]
+    f = (inner or stack)[-1]
+    return f"`{f.name}` ({f.filename}:{f.lineno}: `{(f.line or '').strip()}`)"
+
+
+def not_run_message(config, item) -> str | None:
+    """Why ``item`` fails without running, after a hang earlier in this run."""
+    hung = config._grading["hung"]
+    lab = lab_of(Path(str(item.fspath)))
+    if lab is None:
+        return None
+    if lab in hung:
+        nodeid, where = hung[lab]
+        return (
+            f"not run: {nodeid} of this lab hung in {where}, so the lab's other tests fail "
+            "at once instead of each waiting out its time limit. Fix that loop and check again."
+        )
+    phase = lab.split(".")[0]
+    earlier = [v for k, v in hung.items() if k and k.split(".")[0] == phase]
+    if item.get_closest_marker("phase") and earlier:
+        nodeid, where = earlier[0]
+        return (
+            f"not run: {nodeid} hung in {where}; this whole-phase check runs every one of your "
+            "regions, that one included, so it would hang too. Fix that loop and check again."
+        )
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    """Fixtures load and may run the code under grade: they get the limit too."""
+    _event(item.config, event="setup", nodeid=item.nodeid, limit=time_limit(item))
+    if (message := not_run_message(item.config, item)) is not None:
+        pytest.fail(message, pytrace=False)
+    with alarm(item):
+        yield
 
 
 @pytest.fixture
@@ -95,21 +195,41 @@ def impl(request, lab_id):
     return impl_mod.load(phase if request.node.get_closest_marker("phase") else lab_id)
 
 
+def time_limit(item) -> float:
+    marker = item.get_closest_marker("timeout")
+    return float(marker.args[0]) if marker else DEFAULT_TIMEOUT
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    marker = item.get_closest_marker("timeout")
-    seconds = float(marker.args[0]) if marker else DEFAULT_TIMEOUT
+    _event(item.config, event="call", nodeid=item.nodeid, limit=time_limit(item))
+    with alarm(item):
+        yield
+
+
+@contextlib.contextmanager
+def alarm(item):
+    """Raise LabTimeout in the test once it runs past its limit, naming where it was."""
+    seconds = time_limit(item)
     usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
     if not usable:
         yield
         return
 
     def on_alarm(signum, frame):
-        raise LabTimeout(
-            f"still running after {seconds:g} s, so it was stopped. Look for a loop that "
-            "never ends (a `while` whose exit condition never becomes true, or a request "
-            "that is never scheduled or never finishes)."
+        where = hung_where(frame)
+        message = (
+            f"still running after {seconds:g} s, so it was stopped, in {where}. Look for a "
+            "loop that never ends (a `while` whose exit condition never becomes true, or a "
+            "request that is never scheduled or never finishes)."
         )
+        # Recorded before raising: code that swallows the exception cannot undo it.
+        grading = item.config._grading
+        lab = lab_of(Path(str(item.fspath)))
+        grading["hung"].setdefault(lab, (item.nodeid, where))
+        grading["hung_tests"][item.nodeid] = message
+        _event(item.config, event="hung", nodeid=item.nodeid, output=message)
+        raise LabTimeout(message)
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -131,7 +251,12 @@ def pytest_runtest_logreport(report):
     entry = _STATE.get("by_id", {}).get(report.nodeid)
     if entry is None:
         return
-    if report.failed and entry["status"] != "failed":
+    hung = _STATE["hung_tests"].get(report.nodeid)
+    if hung is not None and entry["status"] != "failed":
+        # It timed out, whatever the test did with the exception.
+        entry["status"] = "failed"
+        entry["output"] = f"call: {hung}"
+    elif report.failed and entry["status"] != "failed":
         entry["status"] = "failed"
         entry["output"] = f"{report.when}: {_message(report)}"
     elif report.skipped and entry["status"] == "pending":
@@ -139,10 +264,14 @@ def pytest_runtest_logreport(report):
         entry["output"] = f"skipped: {_message(report)} (a skipped test earns no points)"
     elif report.when == "call" and report.passed and entry["status"] == "pending":
         entry["status"] = "passed"
+    if report.when == "teardown":
+        _event(_STATE["config"], event="result", nodeid=report.nodeid, **entry)
 
 
 def pytest_collection_finish(session):
     """Register the graded tests that will run (after any -k deselection)."""
+    _STATE["config"] = session.config
+    _STATE["hung_tests"] = session.config._grading["hung_tests"]
     by_id = _STATE["by_id"] = session.config._grading["by_id"]
     for item in session.items:
         path = Path(str(item.fspath))
@@ -157,7 +286,9 @@ def pytest_collection_finish(session):
             "max_score": float(marker.args[0]) if marker else 1.0,
             "status": "pending",
             "output": "",
+            "whole_phase": item.get_closest_marker("phase") is not None,
         }
+    _event(session.config, event="collected", tests=by_id)
 
 
 _STATE: dict = {}
@@ -168,7 +299,7 @@ def summarise(by_id: dict) -> tuple[dict, list]:
         lambda: {"title": "", "tests": 0, "passed": 0, "points": 0.0, "total": 0.0}
     )
     tests = []
-    for nodeid, t in by_id.items():
+    for t in by_id.values():
         row = labs[t["lab"]]
         row["title"] = t["lab_title"]
         row["tests"] += 1
@@ -208,12 +339,11 @@ def score_table(results: dict) -> str:
     return "\n".join(rows)
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    by_id = config._grading.get("by_id", {})
-    if not by_id:
-        return
+def results_of(by_id: dict, run_id: str) -> dict:
+    """The Gradescope-style results of the graded tests in ``by_id``."""
     labs, tests = summarise(by_id)
-    results = {
+    return {
+        "run_id": run_id,
         "score": sum(r["points"] for r in labs.values()),
         "max_score": sum(r["total"] for r in labs.values()),
         "visibility": "visible",
@@ -224,8 +354,26 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             for lab, r in labs.items()
         },
     }
+
+
+def write_results(path: Path, results: dict) -> None:
+    """Write all of ``results`` or nothing: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    by_id = config._grading.get("by_id", {})
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        terminalreporter.write_line("Interrupted: no score was written.")
+        return
+    if not by_id:
+        return
+    run_id = os.environ.get("MINI_VLLM_RUN_ID") or uuid.uuid4().hex
+    results = results_of(by_id, run_id)
     path = Path(config.getoption("--results") or "results.json")
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(path, results)
     if config.getoption("--no-score-table"):
         return  # `python -m mini_vllm.grading check` prints it last, after pytest's summary
     terminalreporter.section(f"score ({_graded()})")

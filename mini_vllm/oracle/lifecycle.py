@@ -35,6 +35,7 @@ from mini_vllm.config import (
     SchedulerConfig,
     VllmConfig,
 )
+from mini_vllm.oracle.workload import Progress
 from mini_vllm.sampling_params import SamplingParams
 
 PROMPTS = {
@@ -173,6 +174,7 @@ def trace_run(engine, workload: Workload, max_steps: int = 500) -> list[StepReco
             pool.get_num_free_blocks(),
         )
     ]
+    progress = Progress()
     try:
         step = 0
         while engine.has_unfinished_requests():
@@ -181,6 +183,7 @@ def trace_run(engine, workload: Workload, max_steps: int = 500) -> list[StepReco
                 raise RuntimeError(f"the run did not finish in {max_steps} steps")
             seen.clear()
             outputs = engine.step()
+            progress.after_step(sched, step)
             so, co = seen.get("sched"), seen.get("core")
             rec = StepRecord(
                 step,

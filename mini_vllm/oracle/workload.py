@@ -6,7 +6,9 @@ A *backend* is anything with ``create_scheduler(**config)``,
 driver runs the loop upstream's EngineCore runs (``schedule()`` -> model ->
 ``update_from_output()``) with a fake model whose next token depends only on
 (request id, output index), so two schedulers that agree see identical
-tokens, and a trace records every step as JSON-ready data.
+tokens, and a trace records every step as JSON-ready data. ``Progress``
+fails a run in which no request advances for ``NO_PROGRESS_STEPS`` steps in
+a row (it could never end), with the scheduler's state.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from dataclasses import asdict, dataclass, field
 # with stop tokens chosen below it or with the EOS id.
 FIRST_FAKE_TOKEN = 1000
 FAKE_VOCAB = 30000
+# A scheduler is deterministic: with no request arriving, a step that changes
+# nothing is followed by the same step forever. The reference never has one.
+NO_PROGRESS_STEPS = 50
 
 
 @dataclass
@@ -55,6 +60,41 @@ class Workload:
             config=dict(d["config"]),
             requests=[RequestSpec(**r) for r in d["requests"]],
             max_steps=d.get("max_steps", 20000),
+        )
+
+
+class Stalled(RuntimeError):
+    """No request advanced for ``NO_PROGRESS_STEPS`` steps in a row."""
+
+
+class Progress:
+    """Call ``after_step(sched, step)`` after every engine step; it raises
+    ``Stalled`` once no request has advanced (computed tokens, tokens,
+    status, or which requests the scheduler holds) for ``limit`` steps."""
+
+    def __init__(self, limit: int = NO_PROGRESS_STEPS):
+        self.limit = limit
+        self.last: tuple = ()
+        self.still = 0
+
+    def after_step(self, sched, step: int) -> None:
+        reqs = sorted(sched.requests.values(), key=lambda r: r.request_id)
+        key = tuple((r.request_id, r.status, r.num_computed_tokens, r.num_tokens) for r in reqs)
+        self.still = self.still + 1 if key and key == self.last else 0
+        self.last = key
+        if self.still < self.limit:
+            return
+        state = ", ".join(
+            f"{r.request_id} {r.status.name} ({r.num_computed_tokens}/{r.num_tokens} tokens "
+            "computed)"
+            for r in reqs
+        )
+        raise Stalled(
+            f"no request advanced for {self.limit} steps (up to step {step}): {state}; waiting "
+            f"{[r.request_id for r in sched.waiting]}, running "
+            f"{[r.request_id for r in sched.running]}, "
+            f"{sched.kv_cache_manager.block_pool.get_num_free_blocks()} free KV blocks. "
+            "Each step must schedule some request, or finish or preempt one."
         )
 
 
@@ -105,6 +145,7 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
     steps = []
     next_arrival = 0
     step = 0
+    progress = Progress()
     while True:
         while next_arrival < len(arrival_order) and arrival_order[next_arrival].arrive_step <= step:
             spec = arrival_order[next_arrival]
@@ -138,6 +179,7 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
         record["outputs"] = _outputs(result)
         record["free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
         steps.append(record)
+        progress.after_step(sched, step)
         step += 1
 
     final = {

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 import mini_vllm.testing as mini
-from mini_vllm.oracle.workload import run_workload
+from mini_vllm.oracle.workload import Stalled, run_workload
 
 # No explain phase (it traces every line: slow on a broken scheduler), no database.
 PROPERTY = settings(
@@ -81,11 +81,13 @@ def bounded(workload, max_steps: int):
 
 def run_checked(cls, workload, endless_hint: str) -> None:
     """Run a generated workload on ``cls`` (whose schedule() checks the rules);
-    a workload that never finishes fails the test with ``endless_hint``."""
+    a workload that stalls or never finishes fails the test with ``endless_hint``."""
     try:
         run_workload(
             mini, workload, scheduler=mini.create_scheduler(**workload.config, scheduler_cls=cls)
         )
+    except Stalled as e:
+        pytest.fail(f"{e}: {endless_hint}", pytrace=False)
     except RuntimeError as e:
         if "did not finish" not in str(e):
             raise

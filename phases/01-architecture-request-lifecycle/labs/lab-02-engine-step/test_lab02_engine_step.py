@@ -17,11 +17,12 @@ import pytest
 
 from mini_vllm.engine import EngineCoreOutputs
 from mini_vllm.oracle import lifecycle
+from mini_vllm.oracle.workload import Progress
 from mini_vllm.sampling_params import SamplingParams
 
 
-def built(impl, loaded, monkeypatch):
-    return lifecycle.student_engine(impl, loaded, monkeypatch)
+def built(impl, loaded, monkeypatch, **config):
+    return lifecycle.student_engine(impl, loaded, monkeypatch, **config)
 
 
 @pytest.mark.points(2)
@@ -130,10 +131,12 @@ def abort_scenario(engine):
     engine.add_request("drop", "General Kenobi", params)
     seen: dict[str, list] = {"keep": [], "drop": []}
     step = 0
+    progress = Progress()
     while engine.has_unfinished_requests():
         for out in engine.step():
             seen[out.request_id].append((out.outputs[0].token_ids, out.outputs[0].finish_reason))
         step += 1
+        progress.after_step(engine.engine_core.scheduler, step)
         if step == 1:
             engine.abort_request("drop")
     return seen, engine.engine_core.num_steps
@@ -162,4 +165,51 @@ def test_user_abort_between_steps(impl, loaded, monkeypatch):
     assert got_steps == want_steps, (
         f"the reference counts {want_steps} engine steps for this, yours {got_steps}: count a "
         "step only when one is scheduled."
+    )
+
+
+def two_preemptions_run(engine):
+    """Three 4-token prompts on three usable 4-token blocks: at step 2 all
+    three need a second block, so the scheduler preempts two requests in that
+    one step. Returns (the preempted ids of each step, num_preemptions)."""
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for i, ids in enumerate([[10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]]):
+        engine.add_request(f"r{i}", {"prompt_token_ids": ids}, params)
+    sched = engine.engine_core.scheduler
+    real_schedule = sched.schedule
+    preempted = []
+
+    def schedule():
+        out = real_schedule()
+        preempted.append(sorted(out.preempted_req_ids or ()))
+        return out
+
+    sched.schedule = schedule
+    progress = Progress()
+    while engine.has_unfinished_requests():
+        engine.step()
+        progress.after_step(sched, len(preempted))
+    return preempted, engine.engine_core.num_preemptions
+
+
+@pytest.mark.points(2)
+@pytest.mark.timeout(60)
+def test_preemptions_are_counted_per_request(impl, loaded, monkeypatch):
+    """A step that preempts two requests adds 2 to num_preemptions, not 1:
+    EngineCore.step counts the requests in SchedulerOutput.preempted_req_ids."""
+    config = dict(num_gpu_blocks=4, block_size=4, max_model_len=8)
+    want_steps, want = two_preemptions_run(lifecycle.make_engine(loaded, **config))
+    assert [len(p) for p in want_steps if p] == [2], (
+        f"the scenario lost its point: the reference preempted {want_steps}"
+    )
+    two = next(p for p in want_steps if p)
+    try:
+        got_steps, got = two_preemptions_run(built(impl, loaded, monkeypatch, **config))
+    except NotImplementedError as e:
+        pytest.fail(f"{e}: a lab region is not written yet.", pytrace=False)
+    assert got == want, (
+        f"one step preempted two requests, {two} (your engine's preempted ids per step: "
+        f"{got_steps}); num_preemptions should then be {want}, yours is {got}. "
+        "Count every request in scheduler_output.preempted_req_ids, not the steps that "
+        "preempted something."
     )

@@ -111,13 +111,13 @@ def test_check_stop_strings_rules(impl, rule, text, new, stop, include):
 
 def feed(cls, tok, prompt, output_ids, chunks, params, stop_terminated=False):
     """Feed ``output_ids`` in chunks of ``chunks`` tokens; return the list of
-    (stop string returned, output_text) after each update, up to the stop."""
+    (stop string returned, output_text, token_ids) after each update, up to the stop."""
     detok = cls(tok, tok.encode(prompt), params=params)
     steps = []
     for i in range(0, len(output_ids), chunks):
         last = i + chunks >= len(output_ids)
         got = call(detok.update, output_ids[i : i + chunks], stop_terminated and last)
-        steps.append((got, detok.output_text))
+        steps.append((got, detok.output_text, list(detok.token_ids)))
         if got is not None:
             break
     return steps
@@ -201,7 +201,9 @@ CASES = [
 )
 def test_update_rules(impl, loaded, rule, prompt, text, kwargs, chunk, terminated):
     """update() on SmolLM2's tokenizer: after every call, the stop string it
-    returns and output_text equal the reference detokenizer's."""
+    returns, output_text and token_ids equal the reference detokenizer's (a
+    stop-terminated last token is counted in token_ids even when its text is
+    hidden)."""
     tok = loaded.tokenizer
     ids = tok.encode(text)
     params = SamplingParams(**kwargs)
@@ -210,7 +212,8 @@ def test_update_rules(impl, loaded, rule, prompt, text, kwargs, chunk, terminate
     assert got == want, (
         f"rule '{rule}': prompt {prompt!r}, output {text!r} (tokens "
         f"{[tok.decode([t]) for t in ids]}, {chunk} per update, {kwargs}, stop_terminated="
-        f"{terminated}). After each update, (returned stop string, output_text) should be "
+        f"{terminated}). After each update, (returned stop string, output_text, token_ids) "
+        "should be "
         f"{want}, yours {got}."
     )
 

@@ -304,6 +304,7 @@ OPS = st.lists(
 )
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(3)
 @PROPERTY
 @given(n=st.integers(0, 12), ops=OPS)

@@ -342,6 +342,7 @@ STEPS = st.lists(
 )
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(2)
 @PROPERTY
 @given(n=st.integers(2, 10), caching=st.booleans(), steps=STEPS)

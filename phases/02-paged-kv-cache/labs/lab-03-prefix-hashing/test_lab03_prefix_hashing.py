@@ -382,6 +382,7 @@ def finished_lab(impl, monkeypatch):
 TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=14)
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(2)
 @PROPERTY
 @given(cached=st.lists(TOKENS, min_size=1, max_size=4), query=TOKENS)
@@ -423,6 +424,7 @@ def test_property_hits_are_the_longest_common_block_prefix(finished_lab, cached,
         )
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(2)
 @PROPERTY
 @given(workload=kv_workloads(max_ops=40))

@@ -360,6 +360,7 @@ def finished_lab(impl, monkeypatch):
     return impl
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(2)
 @PROPERTY
 @given(workload=kv_workloads(max_ops=40))
@@ -411,6 +412,7 @@ def test_property_the_books_balance_and_refusals_change_nothing(finished_lab, wo
                 )
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(2)
 @PROPERTY
 @given(workload=kv_workloads(max_ops=40))

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 import mini_vllm.testing as mini
 from mini_vllm.grading import checks
 from mini_vllm.oracle import strategies
-from mini_vllm.oracle.workload import fake_token
+from mini_vllm.oracle.workload import Progress, fake_token
 from mini_vllm.request import RequestStatus
 
 PROPERTY = settings(
@@ -361,6 +361,7 @@ def traffic(sched) -> dict:
     for r in reqs:
         sched.add_request(r)
     t = dict(tokens=0, blocks=0, full_tokens=0, full_blocks=0, steps=0, preemptions=0)
+    progress = Progress()
     while sched.has_requests() and t["steps"] < 500:
         out = schedule(sched, f"step {t['steps']}")
         c = out.scheduled_cached_reqs
@@ -373,6 +374,7 @@ def traffic(sched) -> dict:
             t["full_blocks"] += len(table(sched, r))
         t["preemptions"] += len(out.preempted_req_ids)
         sched.update_from_output(out, mini.make_model_runner_output(sched, out, sample))
+        progress.after_step(sched, t["steps"])
         t["steps"] += 1
     return t
 
@@ -524,6 +526,7 @@ def replay(impl, workload):
     specs = {s.req_id: s for s in workload.requests}
     arrivals = sorted(workload.requests, key=lambda s: s.arrive_step)
     worker = Worker()
+    progress = Progress()
     nxt = 0
     for i in range(workload.max_steps):
         while nxt < len(arrivals) and arrivals[nxt].arrive_step <= i:
@@ -557,9 +560,11 @@ def replay(impl, workload):
         )
         worker.sampled(runner)
         sched.update_from_output(out, runner)
+        progress.after_step(sched, i)
     raise AssertionError("the workload did not finish")
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(3)
 @PROPERTY
 @given(workload=strategies.workloads())
@@ -567,6 +572,7 @@ def test_property_a_worker_replaying_your_deltas_stays_in_sync(finished_lab, wor
     replay(finished_lab, workload)
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(3)
 @PROPERTY
 @given(workload=strategies.workloads())

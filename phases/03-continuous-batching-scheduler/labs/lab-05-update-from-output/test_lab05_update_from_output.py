@@ -33,7 +33,7 @@ import mini_vllm.testing as mini
 from mini_vllm.engine import FinishReason
 from mini_vllm.grading import checks
 from mini_vllm.oracle import strategies
-from mini_vllm.oracle.workload import fake_token
+from mini_vllm.oracle.workload import Progress, fake_token
 from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import RequestStatus
 
@@ -405,6 +405,7 @@ def run_with_speculation(impl, workload):
     objects = {}
     finished_since = set()
     reported = set()
+    progress = Progress()
     nxt = 0
     for i in range(workload.max_steps):
         while nxt < len(arrivals) and arrivals[nxt].arrive_step <= i:
@@ -446,6 +447,7 @@ def run_with_speculation(impl, workload):
                 ]
         before = {r: objects[r].num_output_tokens for r in sampled}
         result = sched.update_from_output(out, runner_output(out, sampled))
+        progress.after_step(sched, i)
         for o in result.outputs:
             req = objects[o.request_id]
             kept = list(req.output_token_ids[before[o.request_id] :])
@@ -527,6 +529,7 @@ def run_with_speculation(impl, workload):
     ), "Every request is done, so every block must be free again: a finished request was not freed."
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(3)
 @PROPERTY
 @given(workload=strategies.workloads())
@@ -534,6 +537,7 @@ def test_property_first_stop_wins_with_several_tokens_per_step(finished_lab, wor
     run_with_speculation(finished_lab, workload)
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(3)
 @PROPERTY
 @given(workload=strategies.workloads())

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import mini_vllm.testing as mini
 from mini_vllm.grading import checks
 from mini_vllm.oracle import strategies
-from mini_vllm.oracle.workload import RequestSpec, Workload, fake_token
+from mini_vllm.oracle.workload import Progress, RequestSpec, Workload, fake_token
 from mini_vllm.request import RequestStatus
 
 # What the finished_lab fixture (labs/conftest.py) runs first.
@@ -128,8 +128,10 @@ def cache_shared_prefix(impl, **config):
     sched.add_request(a)
     out, _ = step(sched, "step 0 (a computes its 36 tokens)")
     a_table = list(out.scheduled_new_reqs[0].block_ids[0])
+    progress = Progress()
     while sched.has_requests():
         step(sched, "a finishing")
+        progress.after_step(sched, 1)
     assert a.is_finished(), "setup: a should have finished"
     return sched, a_table
 
@@ -282,6 +284,7 @@ def drive(scheduler_cls, workload: Workload, on_step=None) -> dict:
     specs = {s.req_id: s for s in workload.requests}
     arrivals = sorted(workload.requests, key=lambda s: s.arrive_step)
     t = dict(computed=0, hits=0, queries=0, requests=0, preempted_hits=0, steps=0)
+    progress = Progress()
     nxt = 0
     for i in range(workload.max_steps):
         while nxt < len(arrivals) and arrivals[nxt].arrive_step <= i:
@@ -315,6 +318,7 @@ def drive(scheduler_cls, workload: Workload, on_step=None) -> dict:
         if on_step is not None:
             on_step(i, sched, out, waiting_before)
         result = sched.update_from_output(out, runner)
+        progress.after_step(sched, i)
         stats = result.scheduler_stats.prefix_cache_stats
         t["computed"] += out.total_num_scheduled_tokens
         t["hits"] += stats.hits
@@ -414,6 +418,7 @@ def check_hits(i, sched, out, waiting_before):
             )
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(3)
 @PROPERTY
 @given(workload=shared_prefix_workloads())
@@ -421,6 +426,7 @@ def test_property_hits_are_cached_blocks_and_cost_no_budget(finished_lab, worklo
     drive(finished_lab.scheduler.Scheduler, workload, on_step=check_hits)
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(2)
 @PROPERTY
 @given(workload=strategies.workloads().map(lambda w: with_caching(w, False)))
@@ -432,6 +438,7 @@ def test_property_caching_off_never_saves(finished_lab, workload):
     )
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.points(3)
 @PROPERTY
 @given(workload=shared_prefix_workloads())

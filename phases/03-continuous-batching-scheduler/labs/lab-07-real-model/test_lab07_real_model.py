@@ -20,6 +20,7 @@ from mini_vllm.core.sched.scheduler import Scheduler as ReferenceScheduler
 from mini_vllm.engine.llm_engine import LLMEngine
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+from mini_vllm.oracle.workload import Progress
 from mini_vllm.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.phase, pytest.mark.timeout(900)]
@@ -74,10 +75,12 @@ def generate(llm: LLM, scheduler_cls: type, policy: str = "fcfs", priorities=Non
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(str(i), prompt, params, priority=priorities[i] if priorities else 0)
     done = {}
+    progress = Progress()
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = list(out.outputs[0].token_ids)
+        progress.after_step(engine.engine_core.scheduler, engine.engine_core.num_steps)
     return [done[str(i)] for i in range(len(PROMPTS))], engine.get_stats()
 
 

@@ -1,0 +1,223 @@
+"""The grader cannot be fooled, and a hang costs about a minute, not an hour.
+
+Each test plants one fault in a solved copy of the starters (``python -m
+mini_vllm.grading solve``), runs ``python -m mini_vllm.grading check`` on it
+(what ``make check-phase-NN`` runs) and checks the message, the exit code,
+that no score is left behind that this run did not earn, and that the grader
+still works afterwards. Most run a single test or two, to keep CI cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mini_vllm.grading import regions as R
+
+FREE_QUEUE = Path("phase_02/kv_cache_utils.py")  # Lab 02.1's starter
+APPEND = "        self.append_n([block])\n"  # the body of FreeKVCacheBlockQueue.append
+APPEND_TEST = "test_append_puts_a_block_at_the_back"  # Lab 02.1: calls append
+POOL_TEST = "test_block_0_is_the_null_block_and_never_free"  # Lab 02.2: does not
+# A loop that swallows everything, the per-test timeout and Ctrl-C included.
+SWALLOWING_LOOP = (
+    "        import time\n"
+    "        while True:\n"
+    "            try:\n"
+    "                time.sleep(0.01)\n"
+    "            except BaseException:\n"
+    "                pass\n"
+)
+
+
+def solved(tmp_path: Path, name: str = "solved") -> Path:
+    out = tmp_path / name
+    cmd = [sys.executable, "-m", "mini_vllm.grading", "solve", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=R.REPO_ROOT)
+    return out
+
+
+def plant(labs: Path, rel: Path, old: str, new: str) -> None:
+    path = labs / rel
+    text = path.read_text()
+    assert text.count(old) == 1, f"{old!r} is not once in {path}"
+    path.write_text(text.replace(old, new))
+
+
+def check_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mini_vllm.grading", "check", *args]
+
+
+def env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("IMPL", "MINI_VLLM_LABS_DIR")}
+
+
+def check(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        check_cmd(*args), cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def stale_score(cwd: Path) -> Path:
+    """A results.json from an earlier run, with full marks."""
+    path = cwd / "results.json"
+    path.write_text(json.dumps({"run_id": "old", "score": 9.0, "max_score": 9.0}))
+    return path
+
+
+def assert_grader_still_works(labs: Path, cwd: Path) -> None:
+    """A clean solved copy, one test: full marks, exit 0."""
+    proc = check("02.1", "--labs-dir", str(labs), "--", "-k", APPEND_TEST, cwd=cwd)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads((cwd / "results.json").read_text())
+    assert results["score"] == results["max_score"] == 1.0
+    assert f"(run {results['run_id']})" in proc.stdout
+
+
+def test_a_lab_that_exits_the_process_gets_no_score(tmp_path):
+    """os._exit(0) in the code under grade: pytest's exit code would be 0,
+    but no results were written by this run, so check fails."""
+    labs = solved(tmp_path)
+    plant(labs, FREE_QUEUE, APPEND, "        import os\n\n        os._exit(0)\n")
+    old = stale_score(tmp_path)
+    proc = check("02.1", "--labs-dir", str(labs), "--", "-k", APPEND_TEST, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "ended (exit code 0) without writing this run's results" in proc.stdout
+    assert APPEND_TEST in proc.stdout and "os._exit()" in proc.stdout
+    assert "No score" in proc.stdout and "Score (" not in proc.stdout
+    assert not old.exists()
+    assert_grader_still_works(solved(tmp_path, "clean"), tmp_path)
+
+
+def test_a_run_that_selects_no_test_gets_no_score(tmp_path):
+    labs = solved(tmp_path)
+    old = stale_score(tmp_path)
+    proc = check("02.1", "--labs-dir", str(labs), "--", "-k", "no_such_test", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "No graded test was selected" in proc.stdout and "Score (" not in proc.stdout
+    assert not old.exists(), "the earlier run's score must not survive as this run's"
+    assert_grader_still_works(labs, tmp_path)
+
+
+def test_two_graders_in_one_folder_print_their_own_scores(tmp_path):
+    """Run at once in one folder, a full-marks grader and a zero grader each
+    print their own score; results.json is one whole run's, never a mix."""
+    labs = {"full": solved(tmp_path), "zero": tmp_path / "starters"}
+    gen = [sys.executable, "-m", "mini_vllm.grading", "generate", "--out", str(labs["zero"])]
+    subprocess.run(gen, check=True, capture_output=True, cwd=R.REPO_ROOT)
+    procs = {
+        name: subprocess.Popen(
+            check_cmd("02.1", "--labs-dir", str(path), "--", "-k", APPEND_TEST),
+            cwd=tmp_path,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, path in labs.items()
+    }
+    out = {name: p.communicate(timeout=300)[0] for name, p in procs.items()}
+    assert procs["full"].returncode == 0 and "1 / 1" in out["full"], out["full"][-2000:]
+    assert procs["zero"].returncode == 1 and "0 / 1" in out["zero"], out["zero"][-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    winner = next(n for n in out if f"(run {results['run_id']})" in out[n])
+    assert results["score"] == {"full": 1.0, "zero": 0.0}[winner]
+
+
+def test_a_loop_that_swallows_the_timeout_is_stopped_and_the_rest_graded(tmp_path):
+    """A loop catching BaseException ignores the per-test timeout: check stops
+    the run past the limit, names the test and the function, and grades the
+    tests not yet run (here one of another lab) in a new run."""
+    labs = solved(tmp_path)
+    plant(labs, FREE_QUEUE, APPEND, SWALLOWING_LOOP)
+    args = ["02", "--labs-dir", str(labs), "--", "-k", f"{APPEND_TEST} or {POOL_TEST}"]
+    proc = check(*args, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    by_name = {t["name"].split(" · ")[1]: t for t in results["tests"]}
+    hung = by_name[APPEND_TEST]["output"]
+    assert "stuck in `append`" in hung and "catch BaseException" in hung, hung
+    assert by_name[POOL_TEST]["status"] == "passed", "the other lab must still be graded"
+    assert results["score"] == results["max_score"] - by_name[APPEND_TEST]["max_score"] > 0
+
+
+def test_ctrl_c_stops_a_loop_that_swallows_it(tmp_path):
+    """Ctrl-C while a loop catching BaseException runs: check stops it,
+    says where it was, gives no score, exits 130."""
+    labs = solved(tmp_path)
+    started = tmp_path / "started"
+    plant(
+        labs,
+        FREE_QUEUE,
+        APPEND,
+        f"        open({str(started)!r}, 'w').close()\n" + SWALLOWING_LOOP,
+    )
+    old = stale_score(tmp_path)
+    proc = subprocess.Popen(
+        check_cmd("02.1", "--labs-dir", str(labs), "--", "-k", APPEND_TEST),
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal gives it
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert started.exists(), "the planted loop never started"
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-3000:]
+    assert f"Interrupted during {'phases/'}" in out and APPEND_TEST in out, out[-3000:]
+    assert "in `append`" in out and "Score (" not in out
+    assert not old.exists()
+    assert_grader_still_works(solved(tmp_path, "clean"), tmp_path)
+
+
+@pytest.mark.slow
+def test_a_hang_in_phase_03_costs_one_time_limit(tmp_path):
+    """A `while True` planted in Lab 03.5's region of update_from_output:
+    check 03 ends within two minutes (the issue's budget), the first Lab 03.5
+    test that reaches it names the function that hung, the lab's later tests
+    and the whole-phase tests (Lab 03.7) fail at once naming that test, and
+    another lab is still graded. Only Labs 03.5, 03.7 and one test of Lab 03.1 are selected, to
+    keep CI cheap: the others run as in any check."""
+    labs = solved(tmp_path)
+    plant(
+        labs,
+        Path("phase_03/scheduler.py"),
+        "            finish_reason = None\n            if stopped:\n",
+        "            finish_reason = None\n            while True:\n                pass\n"
+        "            if stopped:\n",
+    )
+    selected = "test_lab05 or test_lab07 or test_gate_max_num_seqs"
+    start = time.monotonic()
+    proc = check("03", "--labs-dir", str(labs), "--", "-k", selected, cwd=tmp_path, timeout=600)
+    wall = time.monotonic() - start
+    assert wall < 120, f"check 03 took {wall:.0f} s with a hang planted"
+    assert proc.returncode == 1
+    results = json.loads((tmp_path / "results.json").read_text())
+    lab5 = [t for t in results["tests"] if t["number"] == "03.5"]
+    hung = [i for i, t in enumerate(lab5) if "still running after" in t["output"]]
+    assert len(hung) == 1, [t["output"][:200] for t in lab5]
+    first, rest = lab5[hung[0]], lab5[hung[0] + 1 :]
+    assert "`update_from_output`" in first["output"], first["output"]
+    hung_test = first["name"].split(" · ")[1]
+    lab7 = [t for t in results["tests"] if t["number"] == "03.7"]
+    assert rest and lab7
+    for t in rest + lab7:
+        assert "not run" in t["output"] and hung_test in t["output"], t["output"]
+        assert "`update_from_output`" in t["output"], t["output"]
+    assert results["labs"]["03.1"]["points"] == results["labs"]["03.1"]["total"] > 0
+    assert hung_test in proc.stdout and "update_from_output" in proc.stdout
