@@ -46,9 +46,9 @@ def init_none_hash(hash_fn: Callable[[Any], bytes]) -> None:
     NONE_HASH = BlockHash(hash_fn(os.getenv("PYTHONHASHSEED", "0")))
 
 
-# The hash every chain starts from (the "parent" of block 0).
-NONE_HASH: BlockHash
-init_none_hash(sha256)
+# The hash every chain starts from (the "parent" of block 0): what
+# init_none_hash(sha256) sets, so block hashes work before anyone calls it.
+NONE_HASH = BlockHash(sha256(os.getenv("PYTHONHASHSEED", "0")))
 
 
 class KVCacheBlock:
