@@ -150,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
 
     for node in failed:
         print(f"FAILED on mini_vllm (in scope): {node} [{results.get(node, 'not run')}]")
+    if failed:
+        print(
+            f"To see why: cd {tests_root()} && PYTHONPATH={PROJECT_ROOT} python -m pytest "
+            "--noconftest -p mini_vllm.oracle.upstream_suite.plugin "
+            "--upstream-target=mini_vllm NODE_ID"
+        )
     for node in unlisted:
         print(f"valid set changed: {node} now passes on the pin; add it to {SCOPE.name}")
     for key in stale:
