@@ -149,19 +149,25 @@ class Request:
 class RequestStatus(enum.IntEnum):
     """Where a request is in its life. Order matters: see ``is_finished``.
 
-    Upstream also has WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
-    WAITING_FOR_REMOTE_KVS and WAITING_FOR_STREAMING_REQ between WAITING and
-    RUNNING, and FINISHED_IGNORED/ERROR/REPETITION at the end; mini_vllm has
-    none of the features that produce them.
+    All of upstream's members, in upstream's order. mini_vllm's scheduler only
+    ever sets WAITING, RUNNING, PREEMPTED and the first three FINISHED_*: the
+    others belong to features it leaves out (structured output, KV transfer,
+    streaming input, engine errors, repetition detection).
     """
 
     WAITING = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    WAITING_FOR_STREAMING_REQ = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # Everything below PREEMPTED is a finished status.
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
 
     def __str__(self) -> str:
         return self.name
@@ -179,4 +185,9 @@ _FINISHED_REASON_MAP = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    # A prompt longer than the model's length cap: "length", as OpenAI's API says.
+    RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+    RequestStatus.WAITING_FOR_STREAMING_REQ: FinishReason.STOP,
+    RequestStatus.FINISHED_REPETITION: FinishReason.REPETITION,
 }

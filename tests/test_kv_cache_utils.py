@@ -289,9 +289,14 @@ def test_queue_matches_a_list_model(num_blocks, ops):
 # --------------------------------------------------------------------------
 
 
-def test_none_hash_is_the_documented_fixed_seed():
-    """mini_vllm seeds every chain with sha256("0") (module docstring), so
-    hashes are reproducible across processes."""
+def test_none_hash_seeds_from_pythonhashseed_else_zero(monkeypatch):
+    """Seeded with hash_fn(PYTHONHASHSEED) as upstream; with the variable unset,
+    hash_fn("0") (upstream: random), so hashes are reproducible across processes."""
+    monkeypatch.setenv("PYTHONHASHSEED", "python hash seed")
+    kv_cache_utils.init_none_hash(sha256)
+    assert kv_cache_utils.NONE_HASH == sha256("python hash seed")
+    monkeypatch.delenv("PYTHONHASHSEED")
+    kv_cache_utils.init_none_hash(sha256)
     assert kv_cache_utils.NONE_HASH == sha256("0")
 
 

@@ -27,8 +27,18 @@ FINISHED = [
     RequestStatus.FINISHED_STOPPED,
     RequestStatus.FINISHED_LENGTH_CAPPED,
     RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_IGNORED,
+    RequestStatus.FINISHED_ERROR,
+    RequestStatus.FINISHED_REPETITION,
 ]
-NOT_FINISHED = [RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.PREEMPTED]
+NOT_FINISHED = [
+    RequestStatus.WAITING,
+    RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+    RequestStatus.WAITING_FOR_REMOTE_KVS,
+    RequestStatus.WAITING_FOR_STREAMING_REQ,
+    RequestStatus.RUNNING,
+    RequestStatus.PREEMPTED,
+]
 
 
 def test_status_lists_cover_the_enum():
@@ -43,10 +53,13 @@ def test_finished_statuses_are_finished(status):
 
 
 @pytest.mark.parametrize("status", NOT_FINISHED, ids=str)
-def test_live_statuses_are_not_finished_and_have_no_reason(status):
-    """WAITING, RUNNING and PREEMPTED are not finished and have no finish reason."""
+def test_live_statuses_are_not_finished(status):
+    """The WAITING* statuses, RUNNING and PREEMPTED are not finished; none has a
+    finish reason except WAITING_FOR_STREAMING_REQ, which upstream maps to "stop"
+    (a streaming request that ends while waiting for more input)."""
     assert not RequestStatus.is_finished(status)
-    assert RequestStatus.get_finished_reason(status) is None
+    if status != RequestStatus.WAITING_FOR_STREAMING_REQ:
+        assert RequestStatus.get_finished_reason(status) is None
 
 
 def test_is_finished_follows_from_enum_order():
@@ -62,11 +75,15 @@ def test_is_finished_follows_from_enum_order():
         (RequestStatus.FINISHED_STOPPED, FinishReason.STOP, "stop"),
         (RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH, "length"),
         (RequestStatus.FINISHED_ABORTED, FinishReason.ABORT, "abort"),
+        (RequestStatus.FINISHED_IGNORED, FinishReason.LENGTH, "length"),
+        (RequestStatus.FINISHED_ERROR, FinishReason.ERROR, "error"),
+        (RequestStatus.FINISHED_REPETITION, FinishReason.REPETITION, "repetition"),
+        (RequestStatus.WAITING_FOR_STREAMING_REQ, FinishReason.STOP, "stop"),
     ],
-    ids=["stopped", "length", "aborted"],
+    ids=["stopped", "length", "aborted", "ignored", "error", "repetition", "streaming"],
 )
 def test_finish_reasons(status, reason, word):
-    """Finished statuses map to the OpenAI-style reasons stop/length/abort."""
+    """Statuses map to the OpenAI-style reasons, as upstream's table does."""
     assert RequestStatus.get_finished_reason(status) is reason
     assert str(reason) == word
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+from mini_vllm.utils.hashing import sha256
 from mini_vllm.core import kv_cache_utils as _reference
-from mini_vllm.core.kv_cache_utils import BlockHash, sha256, NONE_HASH, init_none_hash, KVCacheBlock  # noqa: F401
+from mini_vllm.core.kv_cache_utils import BlockHash, init_none_hash, NONE_HASH, KVCacheBlock  # noqa: F401
 
 
 class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):

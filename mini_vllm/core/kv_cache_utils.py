@@ -5,7 +5,8 @@ Mirrors upstream ``vllm/v1/core/kv_cache_utils.py`` at v0.22.1:
 ``hash_block_tokens`` (:541), ``get_request_block_hasher`` (:637),
 ``init_none_hash`` (:97). Left out: KV-cache group ids packed into the hash
 key (mini_vllm has one group), extra hash keys (LoRA, multimodal, cache
-salt), the KV-cache sizing helpers, CBOR/xxhash hash functions.
+salt), the KV-cache sizing helpers. The hash functions are in
+``mini_vllm/utils/hashing.py``.
 
 Invariants kept:
 - a block is in the free queue exactly when ``ref_cnt == 0`` and it is not
@@ -17,17 +18,20 @@ Invariants kept:
 ``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 02's labs hollow
 out (02.1: the queue's operations; 02.3: block hashing).
 
-Difference: upstream seeds the chain with ``os.urandom`` unless
-PYTHONHASHSEED is set; mini_vllm always seeds it with ``sha256("0")``, so
-its hashes are reproducible and equal upstream's run with PYTHONHASHSEED=0.
+Difference: both seed the chain with ``hash_fn(PYTHONHASHSEED)``; when the
+variable is unset upstream draws ``os.urandom(32)`` and mini_vllm uses
+``hash_fn("0")``, so its hashes are reproducible and equal upstream's run with
+PYTHONHASHSEED=0. ``NONE_HASH`` is seeded with ``sha256`` at import (upstream
+leaves it unset until ``init_none_hash``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import pickle
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NewType
+
+from mini_vllm.utils.hashing import sha256
 
 if TYPE_CHECKING:
     from mini_vllm.request import Request
@@ -35,19 +39,16 @@ if TYPE_CHECKING:
 BlockHash = NewType("BlockHash", bytes)
 
 
-def sha256(obj: Any) -> bytes:
-    """SHA-256 of the pickled object, as upstream's ``vllm.utils.hashing.sha256``."""
-    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-
-
-# The hash every chain starts from (the "parent" of block 0).
-NONE_HASH = BlockHash(sha256("0"))
-
-
-def init_none_hash(hash_fn: Callable[[Any], bytes], seed: str = "0") -> None:
-    """Re-seed the chain (for example with another hash function)."""
+def init_none_hash(hash_fn: Callable[[Any], bytes]) -> None:
+    """Seed the chain: ``hash_fn(PYTHONHASHSEED)``, or ``hash_fn("0")`` when the
+    variable is unset (where upstream draws ``os.urandom(32)``)."""
     global NONE_HASH
-    NONE_HASH = BlockHash(hash_fn(seed))
+    NONE_HASH = BlockHash(hash_fn(os.getenv("PYTHONHASHSEED", "0")))
+
+
+# The hash every chain starts from (the "parent" of block 0): what
+# init_none_hash(sha256) sets, so block hashes work before anyone calls it.
+NONE_HASH = BlockHash(sha256(os.getenv("PYTHONHASHSEED", "0")))
 
 
 class KVCacheBlock:
@@ -189,6 +190,9 @@ class FreeKVCacheBlockQueue:
         if not blocks:
             return
         last = self.fake_free_list_tail.prev_free_block
+        # The tail sentinel always has a predecessor (the head, when empty);
+        # None means the list is corrupt, and upstream asserts on it too.
+        assert last is not None, "the free list's tail sentinel lost its predecessor"
         for block in blocks:
             block.prev_free_block = last
             last.next_free_block = block

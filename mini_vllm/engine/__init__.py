@@ -22,6 +22,8 @@ class FinishReason(enum.IntEnum):
     STOP = 0
     LENGTH = 1
     ABORT = 2
+    ERROR = 3
+    REPETITION = 4
 
     def __str__(self) -> str:
         return self.name.lower()

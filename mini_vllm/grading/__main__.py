@@ -102,6 +102,12 @@ def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_arg
         f"\nScore ({_graded()}):\n{score_table(summary)}\n"
         f"results: {results} (run {summary['run_id']})"
     )
+    if not lab:
+        from mini_vllm.grading.upstream_tests import upstream_tests_line
+
+        line = upstream_tests_line(phase, impl)
+        if line:
+            print(line)
     full = summary["max_score"] > 0 and summary["score"] == summary["max_score"]
     return 0 if full and outcome.complete else 1
 

@@ -14,7 +14,9 @@ The KV cache is one tensor per attention layer, shaped
 from, in order of precedence: an explicit block count, a byte budget, or a
 fraction of the device's memory (on CUDA: of total memory, minus what is
 already in use; on CPU: of physical memory). A budget that cannot hold one
-``max_model_len`` request fails at start-up with the numbers.
+``max_model_len`` request fails here, at engine start-up, with the numbers
+(``check_enough_kv_cache_memory``); the scheduler itself, as upstream's,
+accepts any cache of at least two blocks.
 """
 
 from __future__ import annotations
@@ -93,15 +95,37 @@ def determine_num_blocks(
     num_blocks = get_num_blocks(
         num_layers, max(budget, 0), kv_cache_spec.page_size_bytes, num_gpu_blocks_override
     )
+    check_enough_kv_cache_memory(num_blocks, block_size, bytes_per_block, max_model_len, source)
+    return num_blocks
+
+
+def check_enough_kv_cache_memory(
+    num_blocks: int, block_size: int, bytes_per_block: int, max_model_len: int, source: str
+) -> None:
+    """Refuse, at start-up, a cache that cannot hold one ``max_model_len`` request.
+
+    Upstream's check is ``_check_enough_kv_cache_memory``
+    (vllm/v1/core/kv_cache_utils.py:691), run once at engine start-up by
+    ``get_kv_cache_configs``; its error gives the memory needed, the memory
+    available, and the longest ``max_model_len`` that would fit. It compares
+    bytes and does not count the null block; this one counts it, so a cache
+    that passes can really hold the request (UPSTREAM_PIN.md).
+    """
     needed = cdiv(max_model_len, block_size) + 1
     if num_blocks < needed:
+        longest = (num_blocks - 1) * block_size
+        fits = (
+            f"This cache fits a max_model_len of at most {longest}. "
+            if longest > 0
+            else "This cache cannot hold even one block besides the null block. "
+        )
         raise ValueError(
             f"KV cache too small ({source}): {num_blocks} blocks of {block_size} tokens "
             f"at {bytes_per_block} bytes each, but one request of max_model_len="
             f"{max_model_len} needs {needed} blocks (null block included), i.e. "
-            f"{needed * bytes_per_block} bytes. Raise the budget or lower max_model_len."
+            f"{needed * bytes_per_block} bytes. {fits}"
+            "Raise the budget or lower max_model_len."
         )
-    return num_blocks
 
 
 def allocate_kv_caches(

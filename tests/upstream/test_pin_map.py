@@ -89,6 +89,7 @@ CORE_MODULES = (
     "core/sched/request_queue.py",
     "core/sched/utils.py",
     "core/sched/scheduler.py",
+    "utils/hashing.py",
 )
 
 # The map's row format (ROW_RE, Row) and the ast walk are shared with the

@@ -25,8 +25,6 @@ Deliberate differences from upstream (all listed in UPSTREAM_PIN.md):
   the engine's InputProcessor and asserts on duplicates);
 - ``add_request`` also rejects ``len(prompt) + min_tokens > max_model_len``,
   which upstream accepts and then never finishes (see UPSTREAM_PIN.md);
-- the constructor rejects a KV cache that cannot hold one
-  ``max_model_len`` request (upstream checks at engine start-up);
 - ``update_from_output`` returns one ``EngineCoreOutputs`` (one client).
 """
 
@@ -36,7 +34,7 @@ import time
 from collections.abc import Iterable
 
 from mini_vllm.config import VllmConfig
-from mini_vllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager, cdiv
+from mini_vllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from mini_vllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from mini_vllm.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from mini_vllm.core.sched.utils import check_stop, remove_all
@@ -63,15 +61,6 @@ class Scheduler:
             raise ValueError(
                 f"num_gpu_blocks must be at least 2 (block 0 is the null block), "
                 f"got {num_gpu_blocks}."
-            )
-        blocks_per_max_len_request = cdiv(self.max_model_len, self.block_size)
-        if num_gpu_blocks - 1 < blocks_per_max_len_request:
-            raise ValueError(
-                f"The KV cache is too small: {num_gpu_blocks - 1} usable blocks of "
-                f"{self.block_size} tokens hold {(num_gpu_blocks - 1) * self.block_size} "
-                f"tokens, but one request of max_model_len={self.max_model_len} needs "
-                f"{blocks_per_max_len_request} blocks. Give the cache at least "
-                f"{blocks_per_max_len_request + 1} blocks or lower max_model_len."
             )
 
         # req_id -> Request, for every request not yet finished and freed.
@@ -534,5 +523,18 @@ class Scheduler:
             prefix_cache_stats=self.kv_cache_manager.make_prefix_cache_stats(),
         )
 
-    def reset_prefix_cache(self) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Empty the prefix cache; False (nothing done) while a request holds blocks.
+
+        With ``reset_running_requests``, first preempt every running request,
+        last first, so they resume in their running order; then nothing holds a
+        block and the reset succeeds (upstream can still fail here, on requests
+        waiting for remote KV). Upstream: scheduler.py:1896.
+        """
+        if reset_running_requests:
+            timestamp = time.monotonic()
+            while self.running:
+                self._preempt_request(self.running.pop(), timestamp)
+            # They were not scheduled by this step any more.
+            self.prev_step_scheduled_req_ids.clear()
         return self.kv_cache_manager.reset_prefix_cache()

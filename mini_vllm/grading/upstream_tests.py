@@ -1,0 +1,26 @@
+"""The extra line of ``make check-phase-02`` / ``check-phase-03``: upstream's own tests.
+
+Where a phase's labs hollow out modules that mirror upstream's (Phase 02: the
+KV-cache pieces; Phase 03: the scheduler), the grader also runs upstream's own
+in-scope unit tests for those modules on the student's code
+(``mini_vllm.oracle.upstream_suite``) and reports the count beside the score.
+The line is information, not points: the score alone decides the exit code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from mini_vllm.oracle.upstream_suite.runner import LAB_FILES, phase_line
+
+
+def upstream_tests_line(phase: str, impl: str) -> str | None:
+    """The line for ``phase``, None for a phase without one."""
+    if phase not in LAB_FILES:
+        return None
+    if importlib.util.find_spec("vllm") is None:
+        return "upstream's own unit tests: not run (they need the pinned vllm: `make upstream`)"
+    try:
+        return phase_line(phase, impl)
+    except RuntimeError as error:
+        return f"upstream's own unit tests: not run ({error})"

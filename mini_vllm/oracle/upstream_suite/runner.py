@@ -1,0 +1,163 @@
+"""What ``python -m mini_vllm.oracle.upstream_suite`` (``make upstream-tests``) does.
+
+1. Fetch upstream's tests at the pin (once; ``fetch``).
+2. Run ``FILES`` against the pinned vllm: the tests that pass are the valid set.
+3. Compare the valid set with ``scope.toml``, which lists every valid test as in
+   or out of scope with its reason. A test that became valid or stopped being
+   valid is reported, and fails the run until scope.toml says what it is.
+4. Run the in-scope tests against mini_vllm.
+5. Print valid / in scope / passing per file; exit 1 if an in-scope test fails.
+
+``--phase 02`` (or 03) instead runs the in-scope tests of that phase's files,
+trusting scope.toml for the valid set, against the student's starters
+(``--impl labs``) or the reference: ``phase_line``, the extra line of
+``make check-phase-NN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+from mini_vllm.oracle.upstream_suite.fetch import tests_root
+
+FILES = [
+    "tests/v1/core/test_scheduler.py",
+    "tests/v1/core/test_prefix_caching.py",
+    "tests/v1/core/test_kv_cache_utils.py",
+    "tests/v1/core/test_output.py",
+    "tests/v1/core/test_repetition_detection.py",
+    "tests/v1/core/test_priority_scheduler_random.py",
+    "tests/v1/test_request.py",
+]
+SCOPE = Path(__file__).with_name("scope.toml")
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_pytest(target: str, node_ids: list[str], extra: tuple[str, ...] = ()) -> dict:
+    """{node id: outcome} for ``node_ids`` run against ``target``."""
+    if not node_ids:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        args_file = Path(tmp) / "args"
+        args_file.write_text("\n".join(node_ids))
+        command = [
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
+            "-p", "mini_vllm.oracle.upstream_suite.plugin", f"--upstream-target={target}",
+            f"--upstream-report={report}", *extra, f"@{args_file}",
+        ]  # fmt: skip
+        paths = [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]
+        pythonpath = os.pathsep.join(filter(None, paths))
+        subprocess.run(
+            command,
+            cwd=tests_root(),
+            env={**os.environ, "PYTHONPATH": pythonpath},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        if not report.exists():
+            raise RuntimeError(
+                f"pytest against {target} wrote no report (run it by hand: {command})"
+            )
+        return json.loads(report.read_text())
+
+
+def load_scope() -> dict[str, tuple[bool, str]]:
+    """{test id: (in scope, reason)}; ids are "file::test" or "file::test[params]"."""
+    scope = {}
+    for file, tests in tomllib.loads(SCOPE.read_text()).items():
+        for test, verdict in tests.items():
+            kind, _, reason = verdict.partition(":")
+            if kind not in ("in", "out") or not reason.strip():
+                raise ValueError(f"scope.toml: {file}::{test}: write 'in: reason' or 'out: reason'")
+            scope[f"{file}::{test}"] = (kind == "in", reason.strip())
+    return scope
+
+
+def verdict(scope: dict, node_id: str) -> tuple[bool, str] | None:
+    """A parametrized test takes its own entry if it has one, else its function's."""
+    return scope.get(node_id) or scope.get(node_id.split("[")[0])
+
+
+# The files whose in-scope tests grade a phase's labs (the modules they hollow out).
+LAB_FILES = {
+    "02": ["tests/v1/core/test_prefix_caching.py", "tests/v1/core/test_kv_cache_utils.py"],
+    "03": ["tests/v1/core/test_scheduler.py", "tests/v1/core/test_priority_scheduler_random.py"],
+}
+
+
+def phase_line(phase: str, impl: str = "labs") -> str:
+    """How many of upstream's in-scope tests for ``phase``'s modules pass on the
+    student's starters (``impl="labs"``) or on the reference (``"ref"``)."""
+    scope = load_scope()
+    selected = [
+        key
+        for key, (inside, _) in scope.items()
+        if inside and key.split("::")[0] in LAB_FILES[phase]
+    ]
+    extra = ("--upstream-labs", phase) if impl == "labs" else ()
+    results = run_pytest("mini_vllm", selected, extra)
+    counted = [node for node in results if (verdict(scope, node) or (False,))[0]]
+    passed = sum(results[node] == "passed" for node in counted)
+    whose = "your code" if impl == "labs" else "the reference"
+    return (
+        f"upstream's own unit tests (vllm 0.22.1, {' and '.join(LAB_FILES[phase])}): "
+        f"{passed} of {len(counted)} in-scope tests pass on {whose}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mini_vllm.oracle.upstream_suite")
+    parser.add_argument("--phase", choices=sorted(LAB_FILES))
+    parser.add_argument("--impl", choices=["labs", "ref"], default="labs")
+    args = parser.parse_args(argv)
+    if args.phase:
+        print(phase_line(args.phase, args.impl))
+        return 0
+
+    pin = run_pytest("vllm", FILES)
+    valid = sorted(node for node, outcome in pin.items() if outcome == "passed")
+    scope = load_scope()
+    unlisted = [node for node in valid if verdict(scope, node) is None]
+    stale = [key for key in scope if not any(n == key or n.startswith(key + "[") for n in valid)]
+    in_scope = [node for node in valid if (verdict(scope, node) or (False,))[0]]
+    results = run_pytest("mini_vllm", in_scope)
+    failed = sorted(node for node in in_scope if results.get(node) != "passed")
+
+    counts = {name: Counter() for name in FILES}
+    for node in valid:
+        file = node.split("::")[0]
+        counts[file]["valid"] += 1
+        if node in in_scope:
+            counts[file]["in scope"] += 1
+            counts[file]["passing"] += node not in failed
+    print("\nupstream's own unit tests at the pin (vllm 0.22.1), run against mini_vllm:")
+    print(f"{'file':50} {'valid':>6} {'in scope':>9} {'passing':>8}")
+    for file, count in counts.items():
+        print(f"{file:50} {count['valid']:>6} {count['in scope']:>9} {count['passing']:>8}")
+    total = sum(counts.values(), Counter())
+    print(f"{'total':50} {total['valid']:>6} {total['in scope']:>9} {total['passing']:>8}")
+    print("valid: passes on the pinned vllm on this CPU; in scope: scope.toml says mini_vllm")
+    print("teaches what it tests; passing: passes on mini_vllm.")
+
+    for node in failed:
+        print(f"FAILED on mini_vllm (in scope): {node} [{results.get(node, 'not run')}]")
+    if failed:
+        print(
+            f"To see why: cd {tests_root()} && PYTHONPATH={PROJECT_ROOT} python -m pytest "
+            "--noconftest -p mini_vllm.oracle.upstream_suite.plugin "
+            "--upstream-target=mini_vllm NODE_ID"
+        )
+    for node in unlisted:
+        print(f"valid set changed: {node} now passes on the pin; add it to {SCOPE.name}")
+    for key in stale:
+        print(f"valid set changed: {key} no longer passes on the pin; update {SCOPE.name}")
+    return 1 if failed or unlisted or stale else 0
