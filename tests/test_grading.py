@@ -166,12 +166,14 @@ def test_plugin_scores_times_out_and_reports_each_failure(tmp_path):
 
 
 def test_check_rejects_unknown_targets():
-    run = lambda *a: subprocess.run(
-        [sys.executable, "-m", "mini_vllm.grading", "check", *a],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    def run(*a):
+        return subprocess.run(
+            [sys.executable, "-m", "mini_vllm.grading", "check", *a],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+
     assert "give a phase like 03" in run("3.x").stderr
     assert "No phase 42" in run("42").stderr
     assert "has no lab 9" in run("03.9").stderr

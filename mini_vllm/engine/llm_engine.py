@@ -3,8 +3,9 @@
 Mirrors upstream ``vllm/v1/engine/llm_engine.py`` (``LLMEngine`` :47:
 ``add_request`` :209, ``step`` :287, ``abort_request`` :203,
 ``has_unfinished_requests`` :182) at v0.22.1. ``record_stats`` stands in for
-upstream's stats loggers (``logger_manager.record`` inside ``step``). Left out: the engine-core client/process split, multiple
-engines, stats loggers, LoRA, pooling, n > 1.
+upstream's stats loggers (``logger_manager.record`` inside ``step``). Left out:
+the engine-core client/process split, multiple engines, stats loggers, LoRA,
+pooling, n > 1.
 
 Pieces, in the order a request meets them: InputProcessor (tokenize,
 validate, build the Request) -> EngineCore (scheduler + model runner) ->

@@ -139,7 +139,7 @@ class LLM:
         engine = self.llm_engine
         ids = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
+            for prompt, params in zip(prompts, sampling_params, strict=True):
                 request_id = str(next(self.request_counter))
                 engine.add_request(request_id, prompt, params)
                 ids.append(request_id)

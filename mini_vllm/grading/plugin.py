@@ -168,7 +168,7 @@ def summarise(by_id: dict) -> tuple[dict, list]:
         lambda: {"title": "", "tests": 0, "passed": 0, "points": 0.0, "total": 0.0}
     )
     tests = []
-    for nodeid, t in by_id.items():
+    for t in by_id.values():
         row = labs[t["lab"]]
         row["title"] = t["lab_title"]
         row["tests"] += 1

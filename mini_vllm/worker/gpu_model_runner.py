@@ -169,7 +169,7 @@ class GPUModelRunner:
                 top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
         blocked = {
             row: sorted(p.all_stop_token_ids)
-            for row, (p, s) in enumerate(zip(params, states))
+            for row, (p, s) in enumerate(zip(params, states, strict=True))
             if len(s.output_token_ids) < p.min_tokens and p.all_stop_token_ids
         }
         # logprobs=-1 means the whole vocabulary (upstream gpu_input_batch.py:416).
