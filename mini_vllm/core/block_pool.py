@@ -41,6 +41,7 @@ class BlockPool:
         # a dict always gives the same lookups with one code path.
         self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
         # BEGIN LAB 02.2: the block pool: reserve the null block (block 0)
+        # HINT: receives self.free_block_queue; leaves self.null_block set.
         # HINT: block 0 is a placeholder that is never handed out, freed or cached:
         # HINT: take it out of the free queue for good and mark it (is_null).
         self.null_block = self.free_block_queue.popleft()

@@ -239,6 +239,7 @@ def get_request_block_hasher(
 
     def request_block_hasher(request: Request) -> list[BlockHash]:
         # BEGIN LAB 02.3: hash the blocks that became full since the last call
+        # HINT: receives request, block_size, caching_hash_fn; returns the new hashes.
         # HINT: request.block_hashes already holds one hash per block hashed before;
         # HINT: hash only whole blocks of request.all_token_ids after those, each
         # HINT: chained on the previous one (the last known hash, or None at the start).

@@ -27,6 +27,8 @@ class TorchAttentionImpl(AttentionImpl):
         slot_mapping = attn_metadata.slot_mapping[:n]
         # 1. Store the new keys and values in their slots.
         # BEGIN LAB 04.2: reshape_and_cache and the paged gather, in torch
+        # HINT: receives key, value, kv_cache, slot_mapping, n, block_size; leaves the n new
+        # HINT: keys and values written into kv_cache (nothing else).
         # HINT: slot s is offset s % block_size of block s // block_size;
         # HINT: kv_cache[block, 0, offset] holds a key, kv_cache[block, 1, offset] its value.
         blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
@@ -44,7 +46,9 @@ class TorchAttentionImpl(AttentionImpl):
         for i, seq_len in enumerate(seq_lens):
             q = query[starts[i] : starts[i + 1]].float().transpose(0, 1)  # [H, q_len, D]
             q_len = q.shape[1]
-            # BEGIN LAB 04.2
+            # BEGIN LAB 04.2: gather this request's keys and values, and its causal mask
+            # HINT: receives i, q, q_len, seq_len, group, block_size, kv_cache; leaves k, v and
+            # HINT: mask defined (scaled_dot_product_attention after the region reads them).
             # HINT: k, v: [seq_len, num_heads, head_size], key position j of this
             # HINT: request = offset j % block_size of block block_table[i, j // block_size].
             # HINT: GQA: query head h reads KV head h // group (repeat_interleave, not repeat).

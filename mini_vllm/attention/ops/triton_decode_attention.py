@@ -156,6 +156,7 @@ def _decode_merge_kernel(
     )
 
     # BEGIN LAB 04.3: the split-KV merge (stage 2) in Triton
+    # HINT: receives m, l, acc (loaded above); leaves out defined (the store below reads it).
     # HINT: split s holds m_s (its max score), l_s = sum exp(score - m_s) and
     # HINT: acc_s = sum exp(score - m_s) * v over its keys. Padded or empty splits
     # HINT: hold m = -inf, l = 0, acc = 0. Shapes: m, l [SPLITS_PAD]; acc [SPLITS_PAD, HEAD_PAD].

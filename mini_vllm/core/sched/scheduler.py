@@ -32,7 +32,6 @@ Deliberate differences from upstream (all listed in UPSTREAM_PIN.md):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 from mini_vllm.config import VllmConfig
@@ -123,7 +122,6 @@ class Scheduler:
         req_to_new_blocks: dict[str, KVCacheBlocks] = {}
         num_scheduled_tokens: dict[str, int] = {}
         token_budget = self.max_num_scheduled_tokens
-        scheduled_timestamp = time.monotonic()
 
         # Phase 1: the RUNNING requests, in order.
         req_index = 0
@@ -140,6 +138,8 @@ class Scheduler:
 
             # Ask for memory; on None, preempt a victim and ask again.
             # BEGIN LAB 03.3: allocate_slots -> None -> preempt a victim -> retry
+            # HINT: receives request, num_new_tokens and this step's records; leaves new_blocks
+            # HINT: (None: give up), token_budget and req_index right for the code after it.
             # HINT: loop: ask allocate_slots for num_new_tokens; stop when it returns blocks.
             # HINT: FCFS victim: the tail of self.running. PRIORITY victim: the largest
             # HINT: (priority, arrival_time); if it was already scheduled this step, undo that.
@@ -161,7 +161,7 @@ class Scheduler:
                 else:
                     # FCFS: the most recently admitted request.
                     preempted_req = self.running.pop()
-                self._preempt_request(preempted_req, scheduled_timestamp)
+                self._preempt_request(preempted_req)
                 preempted_reqs.append(preempted_req)
                 if preempted_req is request:
                     break  # it was the victim itself: nothing left to free
@@ -170,8 +170,9 @@ class Scheduler:
             # END LAB 03.3
 
             # BEGIN LAB 03.1: schedule the running request and charge the budget
-            # HINT: four records: the list of scheduled running requests, its new blocks,
-            # HINT: its token count; then charge the budget and move to the next request.
+            # HINT: receives request, new_blocks, num_new_tokens; leaves token_budget charged
+            # HINT: and req_index on the next request. Three records: the list of scheduled
+            # HINT: running requests, its new blocks, its token count.
             scheduled_running_reqs.append(request)
             req_to_new_blocks[request.request_id] = new_blocks
             num_scheduled_tokens[request.request_id] = num_new_tokens
@@ -184,6 +185,7 @@ class Scheduler:
         # `while` condition around this loop: scheduler.py:545-549.)
         while self.waiting:
             # BEGIN LAB 03.1: the three admission gates
+            # HINT: receives preempted_reqs, token_budget and self.running; only breaks.
             # HINT: no admissions in a step that preempted (memory pressure: admitting
             # HINT: would only thrash); none without budget; none past max_num_seqs.
             if preempted_reqs:
@@ -196,6 +198,8 @@ class Scheduler:
             request = self.waiting.peek_request()
 
             # BEGIN LAB 03.6: prefix caching: start from the longest cached prefix
+            # HINT: receives request; leaves new_computed_blocks, num_new_local_computed_tokens
+            # HINT: and num_computed_tokens defined (the code after it reads all three).
             # HINT: the KV cache manager knows which full blocks of this request are
             # HINT: cached; their tokens count as computed and cost no budget.
             new_computed_blocks, num_new_local_computed_tokens = (
@@ -205,9 +209,13 @@ class Scheduler:
             # END LAB 03.6
 
             # BEGIN LAB 03.2: how many of a waiting request's tokens to prefill now
+            # HINT: receives request, num_computed_tokens, token_budget; leaves num_new_tokens.
             # HINT: num_tokens, not num_prompt_tokens: a resumed request recomputes its
             # HINT: outputs too. Then the threshold, then the budget; without chunked
             # HINT: prefill a prompt that does not fit whole must wait (stop admitting).
+            # Upstream inlines this clamp here too (vllm/v1/core/sched/scheduler.py:654-669):
+            # the chunked-prefill check sits between threshold and budget, and a waiting
+            # request needs no model-length cap, so _clamp_new_tokens does not fit.
             num_new_tokens = request.num_tokens - num_computed_tokens
             threshold = self.scheduler_config.long_prefill_token_threshold
             if 0 < threshold < num_new_tokens:
@@ -230,6 +238,7 @@ class Scheduler:
             request = self.waiting.pop_request()
             self.running.append(request)
             # BEGIN LAB 03.4: a first-time request or a resumed one?
+            # HINT: receives request (just moved to running); leaves nothing but the two lists.
             # HINT: the status says which; the two go to different parts of SchedulerOutput.
             if request.status == RequestStatus.WAITING:
                 scheduled_new_reqs.append(request)
@@ -239,6 +248,7 @@ class Scheduler:
                 raise RuntimeError(f"Invalid request status: {request.status}")
             # END LAB 03.4
             # BEGIN LAB 03.1: admit the request and charge the budget
+            # HINT: receives request, num_new_tokens, num_computed_tokens; leaves token_budget.
             # HINT: record its blocks (all of them: get_blocks) and its tokens, charge
             # HINT: the budget, mark it RUNNING, and set where its computation starts.
             req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(
@@ -327,7 +337,7 @@ class Scheduler:
     # END LAB 03.4
 
     # BEGIN LAB 03.3: preempt one request (recompute, not swap)
-    def _preempt_request(self, request: Request, timestamp: float) -> None:
+    def _preempt_request(self, request: Request) -> None:
         """Free the request's KV cache and send it back to the waiting queue.
 
         The caller has already taken it out of ``self.running``. Its tokens
@@ -385,7 +395,9 @@ class Scheduler:
             if new_token_ids:
                 new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
             # BEGIN LAB 03.5: a stopped request is finished and freed at once
-            # HINT: read its finish reason, free it, and remember to drop it from running.
+            # HINT: receives request, stopped, stopped_running_reqs; leaves finish_reason
+            # HINT: (None unless it stopped). Read its finish reason, free it, and remember
+            # HINT: to drop it from running.
             finish_reason = None
             if stopped:
                 finish_reason = request.get_finished_reason()
@@ -408,6 +420,7 @@ class Scheduler:
                 )
 
         # BEGIN LAB 03.5: drop the stopped requests from running
+        # HINT: receives stopped_running_reqs; leaves self.running without them.
         # HINT: remove_all returns the new list; keep running's order.
         if stopped_running_reqs:
             self.running = remove_all(self.running, stopped_running_reqs)

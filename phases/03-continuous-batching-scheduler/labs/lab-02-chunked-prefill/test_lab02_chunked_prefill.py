@@ -324,7 +324,7 @@ def chunk_checker(cls):
             where = f"a step that scheduled {scheduled}"
             before = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
             cached = out.scheduled_cached_reqs
-            before.update(zip(cached.req_ids, cached.num_computed_tokens))
+            before.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
             admitted = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
             used = 0
             for req_id, n in scheduled.items():

@@ -104,7 +104,7 @@ def cached_rows(out) -> dict:
     return {
         r: (group0(b), n, o)
         for r, b, n, o in zip(
-            c.req_ids, c.new_block_ids, c.num_computed_tokens, c.num_output_tokens
+            c.req_ids, c.new_block_ids, c.num_computed_tokens, c.num_output_tokens, strict=True
         )
     }
 
@@ -511,7 +511,7 @@ class Worker:
         self.last_batch = scheduled
 
     def sampled(self, runner_output):
-        for r, toks in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+        for r, toks in zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True):
             if r in self.tokens:
                 self.tokens[r] += toks
 
