@@ -94,7 +94,7 @@ class Request:
         if self._block_hasher is not None:
             self.block_hashes.extend(self._block_hasher(self))
 
-    # BEGIN LAB 01.1
+    # BEGIN LAB 01.1: num_tokens: prompt plus output tokens
     @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
@@ -106,7 +106,7 @@ class Request:
     def num_tokens_with_spec(self) -> int:
         return len(self._all_token_ids) + len(self.spec_token_ids)
 
-    # BEGIN LAB 01.1
+    # BEGIN LAB 01.1: num_output_tokens: tokens sampled so far
     @property
     def num_output_tokens(self) -> int:
         """Tokens sampled so far (a resumed request keeps its earlier ones)."""
@@ -114,7 +114,7 @@ class Request:
 
     # END LAB 01.1
 
-    # BEGIN LAB 01.1
+    # BEGIN LAB 01.1: is_finished: the status says it
     def is_finished(self) -> bool:
         """Whether the request's status is one of the FINISHED_* statuses."""
         # HINT: RequestStatus has a staticmethod for this (the enum order is the logic).
@@ -122,7 +122,7 @@ class Request:
 
     # END LAB 01.1
 
-    # BEGIN LAB 01.1
+    # BEGIN LAB 01.1: get_finished_reason: the status, as a FinishReason
     def get_finished_reason(self) -> FinishReason | None:
         """STOP, LENGTH or ABORT for a finished request; None for a live one."""
         return RequestStatus.get_finished_reason(self.status)

@@ -154,7 +154,7 @@ def greedy_without_cache(
 # END LAB 00.1
 
 
-# BEGIN LAB 00.1
+# BEGIN LAB 00.1: greedy_with_cache: one forward per new token
 def greedy_with_cache(model: PagedModel, prompt_token_ids: list[int], max_tokens: int) -> list[int]:
     """The same tokens, computing each position once: prefill the prompt,
     then feed only the newest token at each step."""

@@ -81,7 +81,7 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
-    # BEGIN LAB 01.2
+    # BEGIN LAB 01.2: EngineCore.step: schedule, run the model, update from its output
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, take in its output: one engine step.
 
