@@ -26,7 +26,8 @@ from collections.abc import Sequence
 
 from labs.phase_02.kv_cache_utils import KVCacheBlock
 from mini_vllm.core import kv_cache_manager as _reference
-from mini_vllm.core.kv_cache_manager import KVCacheBlocks, cdiv  # noqa: F401
+from mini_vllm.core.kv_cache_manager import KVCacheBlocks  # noqa: F401
+from mini_vllm.kv_cache_interface import cdiv  # noqa: F401 (a lab region uses it)
 from mini_vllm.request import Request
 
 

@@ -34,12 +34,9 @@ from dataclasses import dataclass
 
 from mini_vllm.core.block_pool import BlockPool
 from mini_vllm.core.kv_cache_utils import KVCacheBlock
+from mini_vllm.kv_cache_interface import cdiv
 from mini_vllm.metrics.stats import PrefixCacheStats
 from mini_vllm.request import Request
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass

@@ -410,10 +410,12 @@ def _import_block(statements: list[tuple[ast.Import | ast.ImportFrom, str]]) -> 
 
 
 def _imports(
-    tree: ast.Module, used: set[str], siblings: set[str], phase: str
-) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """The reference's imports that the starter's code uses, sibling modules
-    redirected to their starters; (statement, under ``if TYPE_CHECKING``)."""
+    tree: ast.Module, used: set[str], region_used: set[str], siblings: set[str], phase: str
+) -> list[tuple[ast.Import | ast.ImportFrom, bool, str]]:
+    """The reference's imports that the starter's code or the reference's
+    regions use, sibling modules redirected to their starters; (statement,
+    under ``if TYPE_CHECKING``, comment). A name only a region uses is kept for
+    the student's code, with a noqa: the hollow starter does not read it."""
     found = [(n, False) for n in tree.body]
     for node in tree.body:
         if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
@@ -424,9 +426,12 @@ def _imports(
             continue
         if isinstance(node, ast.ImportFrom) and node.module == "__future__":
             continue
-        keep = [a for a in node.names if (a.asname or a.name).split(".")[0] in used]
+        names = [(a.asname or a.name).split(".")[0] for a in node.names]
+        keep = [a for a, n in zip(node.names, names, strict=True) if n in used | region_used]
         if not keep:
             continue
+        for_regions = any(n not in used for n in names if n in region_used)
+        comment = "  # noqa: F401 (a lab region uses it)" if for_regions else ""
         if isinstance(node, ast.ImportFrom):
             module = node.module
             if module in siblings:
@@ -435,7 +440,7 @@ def _imports(
             node = ast.ImportFrom(module=module, names=keep, level=0)
         else:
             node = ast.Import(names=keep)
-        out.append((node, type_checking))
+        out.append((node, type_checking, comment))
     return out
 
 
@@ -508,10 +513,11 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
     holed_classes = {cls for cls, _ in owners if cls}
     holed_functions = {name for cls, name in owners if cls is None}
     used = _names_used("\n".join(body))
-    imports = _imports(tree, used, siblings, phase)
-    if any(type_checking for _, type_checking in imports):
-        imports = _imports(tree, used | {"TYPE_CHECKING"}, siblings, phase)
-    statements = [(node, "") for node, type_checking in imports if not type_checking]
+    region_used = _names_used("\n".join(ast.unparse(fn) for fn, _ in owners.values()))
+    imports = _imports(tree, used, region_used, siblings, phase)
+    if any(type_checking for _, type_checking, _ in imports):
+        imports = _imports(tree, used | {"TYPE_CHECKING"}, region_used, siblings, phase)
+    statements = [(node, comment) for node, type_checking, comment in imports if not type_checking]
     modname = module_name(reference)
     if holed_classes:
         package, _, leaf = modname.rpartition(".")
@@ -533,10 +539,10 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
         node = ast.ImportFrom(modname, [ast.alias(n) for n in others], 0)
         statements.append((node, "  # noqa: F401"))
     import_lines = ["from __future__ import annotations", "", *_import_block(statements)]
-    type_checking = [node for node, tc in imports if tc]
+    type_checking = [(node, comment) for node, tc, comment in imports if tc]
     if type_checking:
         import_lines += ["", "if TYPE_CHECKING:"]
-        import_lines += ["    " + line for line in _import_block([(n, "") for n in type_checking])]
+        import_lines += ["    " + line for line in _import_block(type_checking)]
     return "\n".join(_header(phase, rel, all_regions) + import_lines + body) + "\n"
 
 

@@ -35,11 +35,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from mini_vllm.config import VllmConfig
-from mini_vllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager, cdiv
+from mini_vllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from mini_vllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from mini_vllm.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from mini_vllm.core.sched.utils import check_stop, remove_all
 from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs
+from mini_vllm.kv_cache_interface import cdiv
 from mini_vllm.metrics.stats import SchedulerStats
 from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus

@@ -22,8 +22,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mini_vllm.testing as mini
-from mini_vllm.core.kv_cache_manager import cdiv
 from mini_vllm.grading import checks
+from mini_vllm.kv_cache_interface import cdiv
 from mini_vllm.oracle import strategies
 from mini_vllm.request import RequestStatus
 
