@@ -40,14 +40,20 @@ def sha256(obj: Any) -> bytes:
     return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-# The hash every chain starts from (the "parent" of block 0).
-NONE_HASH = BlockHash(sha256("0"))
+# The hash every chain starts from (the "parent" of block 0); set by init_none_hash.
+NONE_HASH: BlockHash
 
 
-def init_none_hash(hash_fn: Callable[[Any], bytes], seed: str = "0") -> None:
-    """Re-seed the chain (for example with another hash function)."""
+def init_none_hash(hash_fn: Callable[[Any], bytes]) -> None:
+    """Seed the chain with ``hash_fn("0")``: upstream's API (the engine calls it
+    at start-up with the caching hash function), with upstream's seed when
+    PYTHONHASHSEED=0. mini_vllm seeds it once at import, below, so a
+    KVCacheManager built without an engine hashes the same way."""
     global NONE_HASH
-    NONE_HASH = BlockHash(hash_fn(seed))
+    NONE_HASH = BlockHash(hash_fn("0"))
+
+
+init_none_hash(sha256)
 
 
 class KVCacheBlock:

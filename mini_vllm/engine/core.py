@@ -69,7 +69,9 @@ class EngineCore:
         )
         self.model_runner = GPUModelRunner(model, cache.block_size, device)
         scheduler_cls = resolve_scheduler_cls(vllm_config.scheduler_config.scheduler_cls)
-        self.scheduler = scheduler_cls(vllm_config)
+        # Stats on, unlike upstream's default: LLMEngine.get_stats adds up the
+        # prefix-cache counts they carry.
+        self.scheduler = scheduler_cls(vllm_config, log_stats=True)
         # Running totals for reports and tests.
         self.num_steps = 0
         self.num_preemptions = 0

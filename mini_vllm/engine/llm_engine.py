@@ -147,15 +147,12 @@ class LLMEngine:
         if stats is None:
             return
         total, new = self.prefix_cache_stats, stats.prefix_cache_stats
-        for name in (
-            "requests",
-            "queries",
-            "hits",
-            "preempted_requests",
-            "preempted_queries",
-            "preempted_hits",
-        ):
-            setattr(total, name, getattr(total, name) + getattr(new, name))
+        total.requests += new.requests
+        total.queries += new.queries
+        total.hits += new.hits
+        total.preempted_requests += new.preempted_requests
+        total.preempted_queries += new.preempted_queries
+        total.preempted_hits += new.preempted_hits
 
     def get_stats(self) -> dict:
         """Totals since start: steps, preemptions, tokens, prefix-cache hits."""

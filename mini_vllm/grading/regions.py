@@ -523,18 +523,16 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
         package, _, leaf = modname.rpartition(".")
         statements.append((ast.ImportFrom(package, [ast.alias(leaf, "_reference")], 0), ""))
     # Everything else the reference module defines, so the starter can stand in for it.
-    others = [
-        n.name if not isinstance(n, ast.Assign) else n.targets[0].id
-        for n in tree.body
-        if (
-            isinstance(n, (ast.FunctionDef, ast.ClassDef))
-            and n.name not in holed_functions
-            and n.name not in holed_classes
-        )
-        or (
-            isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
-        )
-    ]
+    others = []
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef | ast.ClassDef):
+            if n.name not in holed_functions | holed_classes:
+                others.append(n.name)
+        elif isinstance(n, ast.Assign) and len(n.targets) == 1:
+            if isinstance(n.targets[0], ast.Name):
+                others.append(n.targets[0].id)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            others.append(n.target.id)
     if others:
         node = ast.ImportFrom(modname, [ast.alias(n) for n in others], 0)
         statements.append((node, "  # noqa: F401"))

@@ -88,6 +88,7 @@ CORE_MODULES = (
     "core/sched/output.py",
     "core/sched/request_queue.py",
     "core/sched/utils.py",
+    "core/sched/interface.py",
     "core/sched/scheduler.py",
 )
 

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 
 from mini_vllm.config import VllmConfig
 from mini_vllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from mini_vllm.core.sched.interface import SchedulerInterface
 from mini_vllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from mini_vllm.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from mini_vllm.core.sched.utils import check_stop, remove_all
@@ -46,8 +47,8 @@ from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 
 
-class Scheduler:
-    def __init__(self, vllm_config: VllmConfig, log_stats: bool = True) -> None:
+class Scheduler(SchedulerInterface):
+    def __init__(self, vllm_config: VllmConfig, log_stats: bool = False) -> None:
         self.vllm_config = vllm_config
         self.scheduler_config = vllm_config.scheduler_config
         self.cache_config = vllm_config.cache_config
@@ -525,18 +526,8 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def has_unfinished_requests(self) -> bool:
-        return self.get_num_unfinished_requests() > 0
-
     def has_finished_requests(self) -> bool:
         return len(self.finished_req_ids) > 0
-
-    def has_requests(self) -> bool:
-        """Work left: unfinished requests, or finished ids not yet reported."""
-        return self.has_unfinished_requests() or self.has_finished_requests()
-
-    def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
 
     def make_stats(self) -> SchedulerStats | None:
         if not self.log_stats:
