@@ -177,3 +177,18 @@ def test_check_rejects_unknown_targets():
     assert "give a phase like 03" in run("3.x").stderr
     assert "No phase 42" in run("42").stderr
     assert "has no lab 9" in run("03.9").stderr
+
+
+def test_explain_keys_fail_loudly_when_the_reference_text_changes():
+    """Labs 03.1-03.3's explain() keys on reference text through
+    reference_text(), which raises when the text is gone (so the suite fails
+    at collection instead of silently dropping its explanations)."""
+    sys.path.insert(0, str(REPO / "phases/03-continuous-batching-scheduler/labs"))
+    try:
+        import phase03_helpers as helpers
+    finally:
+        sys.path.pop(0)
+    key = "assert token_budget >= 0"
+    assert helpers.reference_text(key, helpers.SCHEDULER) == key
+    with pytest.raises(LookupError, match="no longer holds"):
+        helpers.reference_text(key + " and a changed line", helpers.SCHEDULER)

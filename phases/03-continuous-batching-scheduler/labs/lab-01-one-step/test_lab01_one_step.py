@@ -28,7 +28,14 @@ from mini_vllm.oracle import strategies
 from mini_vllm.request import RequestStatus
 
 import phase03_helpers as helpers
-from phase03_helpers import PROPERTY, Stepper, ids
+from phase03_helpers import (
+    KV_CACHE_MANAGER,
+    PROPERTY,
+    SCHEDULER,
+    Stepper,
+    ids,
+    reference_text,
+)
 
 # The reference finishes every generated workload in a few hundred steps.
 MAX_STEPS = 2000
@@ -56,25 +63,33 @@ def requests(ids, lengths, block_size=16, **kwargs):
     )
 
 
+# The reference's text explain() keys on (checked when the suite is collected).
+TOTAL_TOKENS = reference_text("assert total_num_scheduled_tokens", SCHEDULER)
+MAX_RUNNING = reference_text("assert len(self.running) <= self.max_num_running_reqs", SCHEDULER)
+BUDGET = reference_text("assert token_budget >= 0", SCHEDULER)
+ONLY_RUNNING = reference_text("Only running requests can be preempted", SCHEDULER)
+NO_TOKENS = reference_text("num_new_tokens must be greater than 0", KV_CACHE_MANAGER)
+
+
 def explain(error: BaseException) -> str | None:
     """A teaching sentence for the errors a broken step trips inside the
     reference's own code (its end-of-step asserts, allocate_slots)."""
     line = traceback.extract_tb(error.__traceback__)[-1].line
-    if isinstance(error, AssertionError) and "total_num_scheduled_tokens" in (line or ""):
+    if isinstance(error, AssertionError) and TOTAL_TOKENS in (line or ""):
         hint = (
             "the step handed out more tokens than max_num_batched_tokens: every "
             "scheduled request (running or admitted) must charge token_budget"
         )
-    elif isinstance(error, AssertionError) and "max_num_running_reqs" in (line or ""):
+    elif isinstance(error, AssertionError) and MAX_RUNNING in (line or ""):
         hint = "more requests are running than max_num_seqs: look at gate 3"
-    elif isinstance(error, AssertionError) and "token_budget >= 0" in (line or ""):
+    elif isinstance(error, AssertionError) and BUDGET in (line or ""):
         hint = "token_budget went negative: something was scheduled past the budget"
-    elif isinstance(error, AssertionError) and "Only running requests" in str(error):
+    elif isinstance(error, AssertionError) and ONLY_RUNNING in str(error):
         hint = (
             "a request in self.running is not RUNNING, so it cannot be preempted: an "
             "admitted request must be marked RUNNING (request.status)"
         )
-    elif isinstance(error, ValueError) and "num_new_tokens" in str(error):
+    elif isinstance(error, ValueError) and NO_TOKENS in str(error):
         hint = (
             "allocate_slots was asked for 0 tokens: a request was admitted with no "
             "token budget left (gate 2 must stop admissions when token_budget <= 0)"

@@ -31,7 +31,14 @@ from mini_vllm.oracle.workload import RequestSpec, Workload
 from mini_vllm.request import RequestStatus
 
 import phase03_helpers as helpers
-from phase03_helpers import PROPERTY, Stepper, ids
+from phase03_helpers import (
+    KV_CACHE_MANAGER,
+    PROPERTY,
+    SCHEDULER,
+    Stepper,
+    ids,
+    reference_text,
+)
 
 # The reference finishes every generated workload in under 2,000 steps.
 MAX_STEPS = 10_000
@@ -64,36 +71,44 @@ def requests(ids, lengths, block_size, **kwargs):
     )
 
 
+# The reference's text explain() keys on (checked when the suite is collected).
+ONLY_RUNNING = reference_text("Only running requests can be preempted", SCHEDULER)
+TOTAL_TOKENS = reference_text("assert total_num_scheduled_tokens", SCHEDULER)
+MAX_RUNNING = reference_text("assert len(self.running) <= self.max_num_running_reqs", SCHEDULER)
+NEW_BLOCKS = reference_text("req_to_new_blocks[", SCHEDULER)
+HOLDS_BLOCKS = reference_text("assert not req_blocks", KV_CACHE_MANAGER)
+
+
 def explain(error: BaseException) -> str | None:
     """A teaching sentence for the errors a broken step trips inside the
     reference's own code (its asserts, the KV cache manager)."""
     line = traceback.extract_tb(error.__traceback__)[-1].line or ""
-    if isinstance(error, AssertionError) and "Only running requests" in str(error):
+    if isinstance(error, AssertionError) and ONLY_RUNNING in str(error):
         hint = (
             "a request was preempted twice, or after it was already taken out of "
             "running: a victim leaves self.running exactly once, and once the victim "
             "is the request itself the loop must stop (it has nothing left to free)"
         )
-    elif isinstance(error, AssertionError) and "total_num_scheduled_tokens" in line:
+    elif isinstance(error, AssertionError) and TOTAL_TOKENS in line:
         hint = (
             "the step handed out more tokens than max_num_batched_tokens: when a victim "
             "already scheduled this step is preempted, its tokens go back to token_budget"
         )
-    elif isinstance(error, AssertionError) and "max_num_running_reqs" in line:
+    elif isinstance(error, AssertionError) and MAX_RUNNING in line:
         hint = "more requests are running than max_num_seqs"
-    elif isinstance(error, KeyError) and "req_to_new_blocks" in line:
+    elif isinstance(error, KeyError) and NEW_BLOCKS in line:
         hint = (
             "a request listed as scheduled has no new blocks: a victim that was already "
             "scheduled this step must leave scheduled_running_reqs, num_scheduled_tokens "
             "and req_to_new_blocks together"
         )
-    elif isinstance(error, AssertionError) and "assert not req_blocks" in line:
+    elif isinstance(error, AssertionError) and HOLDS_BLOCKS in line:
         hint = (
             "allocate_slots met a request coming back from waiting that still holds KV "
             "blocks: _preempt_request must free them (kv_cache_manager.free), and a "
             "request that was its own victim must not be given blocks afterwards"
         )
-    elif isinstance(error, IndexError) and "pop" in line:
+    elif isinstance(error, IndexError) and "pop" in line:  # your region's line
         hint = (
             "pop from an empty running list: the request itself was already the "
             "victim, so the loop had to give up (break) instead of picking another"
