@@ -248,7 +248,12 @@ def test_running_request_memory_is_recorded(impl):
         f"Step 1: a is running and must be scheduled; got {cached.req_ids}."
     )
     held = sched.kv_cache_manager.get_block_ids("a")[0]
-    assert cached.new_block_ids[0] is not None and list(cached.new_block_ids[0][0]) == held[2:], (
+    assert cached.new_block_ids[0] is not None, (
+        f"Step 1: a's 9th token needs a third block; the workers learn it from "
+        f"req_to_new_blocks[a] (the blocks allocate_slots returned): expected new block ids "
+        f"{held[2:]}, got {cached.new_block_ids[0]}."
+    )
+    assert list(cached.new_block_ids[0][0]) == held[2:], (
         f"Step 1: a's 9th token needs a third block; the workers learn it from "
         f"req_to_new_blocks[a] (the blocks allocate_slots returned): expected new block ids "
         f"{held[2:]}, got {cached.new_block_ids[0]}."
@@ -270,7 +275,11 @@ def test_gate_max_num_seqs(impl):
         f"step 0: {list(out.num_scheduled_tokens)}; expected ['a', 'b']."
     )
     out = step(sched, "step 1")
-    assert "c" not in out.num_scheduled_tokens and ids(sched.waiting) == ["c"], (
+    assert "c" not in out.num_scheduled_tokens, (
+        f"Gate 3 (max_num_seqs=2): step 1 still has a and b running, so c stays waiting; "
+        f"scheduled {dict(out.num_scheduled_tokens)}, waiting {ids(sched.waiting)}."
+    )
+    assert ids(sched.waiting) == ["c"], (
         f"Gate 3 (max_num_seqs=2): step 1 still has a and b running, so c stays waiting; "
         f"scheduled {dict(out.num_scheduled_tokens)}, waiting {ids(sched.waiting)}."
     )
@@ -320,7 +329,13 @@ def test_gate_no_admission_in_a_step_that_preempted(impl):
         f"preempted (lab 03.3's code, the reference here). Expected preempted {{'c'}}, got "
         f"{out.preempted_req_ids}: a running request was not scheduled as expected."
     )
-    assert "d" not in out.num_scheduled_tokens and d.status == RequestStatus.WAITING, (
+    assert "d" not in out.num_scheduled_tokens, (
+        f"Gate 1 (no admissions in a step that preempted): c's preemption freed a block "
+        f"and a seat, and d (3 tokens, 1 block) would fit, but a step that had to preempt "
+        f"is under memory pressure: admitting now would only thrash. Expected d to wait, "
+        f"got scheduled {dict(out.num_scheduled_tokens)} (d is {d.status.name})."
+    )
+    assert d.status == RequestStatus.WAITING, (
         f"Gate 1 (no admissions in a step that preempted): c's preemption freed a block "
         f"and a seat, and d (3 tokens, 1 block) would fit, but a step that had to preempt "
         f"is under memory pressure: admitting now would only thrash. Expected d to wait, "
@@ -397,7 +412,12 @@ def test_prefix_cache_hits_count_as_computed(impl):
         f"req_to_new_blocks[b] = kv_cache_manager.get_blocks(b) = {held}, not only the "
         f"block allocate_slots just added. Got {list(new.block_ids[0])}."
     )
-    assert out.num_scheduled_tokens.get("b") == 5 and b.num_computed_tokens == 37, (
+    assert out.num_scheduled_tokens.get("b") == 5, (
+        f"Step 1: only b's 5 uncached tokens are computed: expected 5 scheduled and "
+        f"num_computed_tokens 37 after the step, got {out.num_scheduled_tokens.get('b')} and "
+        f"{b.num_computed_tokens}."
+    )
+    assert b.num_computed_tokens == 37, (
         f"Step 1: only b's 5 uncached tokens are computed: expected 5 scheduled and "
         f"num_computed_tokens 37 after the step, got {out.num_scheduled_tokens.get('b')} and "
         f"{b.num_computed_tokens}."

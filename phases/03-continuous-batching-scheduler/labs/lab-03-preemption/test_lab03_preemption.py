@@ -249,14 +249,26 @@ def test_preemption_repeats_until_the_request_fits(impl):
         sched.add_request(r)
     step(sched, "step 0 (a: 4 tokens, 2 blocks; b, c, d: 1 block each; the cache is full)")
     out = step(sched, "step 1")
-    assert out.preempted_req_ids == {"c", "d"} and out.num_scheduled_tokens.get("a") == 4, (
+    assert out.preempted_req_ids == {"c", "d"}, (
         f"Step 1: a's next chunk (4 tokens) needs 2 more blocks, none is free. The loop "
         f"preempts d (the tail: frees 1 block), asks allocate_slots again, still None, so "
         f"it preempts c too, and then a fits. Expected preempted ['c', 'd'] and a "
         f"scheduled with 4, got preempted {sorted(out.preempted_req_ids)} and scheduled "
         f"{dict(out.num_scheduled_tokens)}. (A `while True` loop, not one `if`.)"
     )
-    assert out.num_scheduled_tokens.get("b") == 1 and ids(sched.waiting) == ["c", "d"], (
+    assert out.num_scheduled_tokens.get("a") == 4, (
+        f"Step 1: a's next chunk (4 tokens) needs 2 more blocks, none is free. The loop "
+        f"preempts d (the tail: frees 1 block), asks allocate_slots again, still None, so "
+        f"it preempts c too, and then a fits. Expected preempted ['c', 'd'] and a "
+        f"scheduled with 4, got preempted {sorted(out.preempted_req_ids)} and scheduled "
+        f"{dict(out.num_scheduled_tokens)}. (A `while True` loop, not one `if`.)"
+    )
+    assert out.num_scheduled_tokens.get("b") == 1, (
+        f"Step 1: b still runs (its 2nd token fits its block); c and d wait at the front, "
+        f"in their old order (d was prepended first, then c). Got scheduled "
+        f"{dict(out.num_scheduled_tokens)}, waiting {ids(sched.waiting)}."
+    )
+    assert ids(sched.waiting) == ["c", "d"], (
         f"Step 1: b still runs (its 2nd token fits its block); c and d wait at the front, "
         f"in their old order (d was prepended first, then c). Got scheduled "
         f"{dict(out.num_scheduled_tokens)}, waiting {ids(sched.waiting)}."
@@ -272,7 +284,7 @@ def test_fcfs_gives_up_when_the_victim_is_the_request_itself(impl):
     sched.add_request(b)
     step(sched, "step 0 (a and b prefill: the cache is full)")
     out = step(sched, "step 1")
-    assert out.preempted_req_ids == {"b"} and "b" not in out.num_scheduled_tokens, (
+    assert out.preempted_req_ids == {"b"}, (
         f"Step 1: a's 7th token fits its 2nd block; b's 9th needs a 3rd block, none is "
         f"free, and the tail of running is b itself. Preempting b frees its blocks but "
         f"there is nothing left to make room FOR b: the loop stops (`if preempted_req is "
@@ -280,7 +292,19 @@ def test_fcfs_gives_up_when_the_victim_is_the_request_itself(impl):
         f"scheduled; got preempted {sorted(out.preempted_req_ids)}, scheduled "
         f"{dict(out.num_scheduled_tokens)}."
     )
-    assert dict(out.num_scheduled_tokens) == {"a": 1} and b.status == RequestStatus.PREEMPTED, (
+    assert "b" not in out.num_scheduled_tokens, (
+        f"Step 1: a's 7th token fits its 2nd block; b's 9th needs a 3rd block, none is "
+        f"free, and the tail of running is b itself. Preempting b frees its blocks but "
+        f"there is nothing left to make room FOR b: the loop stops (`if preempted_req is "
+        f"request: break`) and b is not scheduled. Expected preempted ['b'] and b not "
+        f"scheduled; got preempted {sorted(out.preempted_req_ids)}, scheduled "
+        f"{dict(out.num_scheduled_tokens)}."
+    )
+    assert dict(out.num_scheduled_tokens) == {"a": 1}, (
+        f"Step 1: only a runs; b is PREEMPTED and waits. Got scheduled "
+        f"{dict(out.num_scheduled_tokens)}, b {b.status.name}."
+    )
+    assert b.status == RequestStatus.PREEMPTED, (
         f"Step 1: only a runs; b is PREEMPTED and waits. Got scheduled "
         f"{dict(out.num_scheduled_tokens)}, b {b.status.name}."
     )
@@ -335,7 +359,13 @@ def test_priority_undo_gives_the_budget_back(impl):
         sched.add_request(r)
         step(sched, f"step {i} ({r.request_id} joins)")
     out = step(sched, "step 3")
-    assert out.preempted_req_ids == {"w"} and "w" not in out.num_scheduled_tokens, (
+    assert out.preempted_req_ids == {"w"}, (
+        f"Step 3: running is [w, a, b]. w takes the last free block and 1 token; then a's "
+        f"9th token needs a block, none is free, and w (priority 2) is the worst: it is "
+        f"preempted and its scheduling undone. Got preempted {sorted(out.preempted_req_ids)}, "
+        f"scheduled {dict(out.num_scheduled_tokens)}."
+    )
+    assert "w" not in out.num_scheduled_tokens, (
         f"Step 3: running is [w, a, b]. w takes the last free block and 1 token; then a's "
         f"9th token needs a block, none is free, and w (priority 2) is the worst: it is "
         f"preempted and its scheduling undone. Got preempted {sorted(out.preempted_req_ids)}, "
@@ -375,7 +405,15 @@ def test_priority_gives_up_when_the_victim_is_the_request_itself(impl):
     sched.add_request(c)
     step(sched, "step 1 (c joins: the cache is full)")
     out = step(sched, "step 2")
-    assert out.preempted_req_ids == {"b"} and dict(out.num_scheduled_tokens) == {"a": 1}, (
+    assert out.preempted_req_ids == {"b"}, (
+        f"Step 2: running is [a, b, c]. a's token fits; b's 9th needs a block, none is "
+        f"free, and the worst-priority request is b itself: preempt it and give up. "
+        f"Giving up ends Phase 1 (`if new_blocks is None: break`), so c is not scheduled "
+        f"this step although its token would fit. Expected preempted ['b'] and scheduled "
+        f"{{'a': 1}}; got preempted {sorted(out.preempted_req_ids)}, scheduled "
+        f"{dict(out.num_scheduled_tokens)}."
+    )
+    assert dict(out.num_scheduled_tokens) == {"a": 1}, (
         f"Step 2: running is [a, b, c]. a's token fits; b's 9th needs a block, none is "
         f"free, and the worst-priority request is b itself: preempt it and give up. "
         f"Giving up ends Phase 1 (`if new_blocks is None: break`), so c is not scheduled "
