@@ -1,16 +1,13 @@
 """A request and its lifecycle states.
 
 Mirrors upstream ``vllm/v1/request.py`` at v0.22.1 (``Request`` at :59,
-``RequestStatus`` at :315). Left out: pooling, multimodal inputs, LoRA,
-structured output, streaming sessions, async-scheduling placeholders,
-speculative tokens (``spec_token_ids`` is kept, always empty, so that
-``num_tokens_with_spec`` reads as upstream's does).
+``RequestStatus`` at :315). What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - ``num_tokens == num_prompt_tokens + num_output_tokens``;
 - ``0 <= num_computed_tokens <= num_tokens`` between steps;
-- ``block_hashes`` always holds one hash per *full* block of
-  ``all_token_ids`` (recomputed incrementally as tokens are appended);
+- ``block_hashes`` holds one hash per *full* block of ``all_token_ids``
+  when the request has a block hasher (recomputed incrementally);
 - the enum order is the logic: every status after ``PREEMPTED`` is finished.
 """
 

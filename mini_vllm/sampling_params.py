@@ -2,11 +2,7 @@
 
 Mirrors upstream ``vllm/sampling_params.py`` (class ``SamplingParams``, :168) at
 v0.22.1: the same field names, defaults and validation messages for the
-fields mini_vllm supports. Left out: ``n > 1``, penalties, ``min_p``, bad
-words, logit bias, structured outputs, prompt logprobs, ``detokenize`` (mini
-always detokenizes when the model has a tokenizer) and
-``output_text_buffer_length`` (the detokenizer computes its own hold-back,
-``stop_buffer_length``, as upstream's detokenizer does).
+fields mini_vllm supports. What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - every bad value raises ``ValueError`` naming the field, at construction;

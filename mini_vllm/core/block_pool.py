@@ -1,8 +1,7 @@
 """The pool of KV-cache blocks: allocate, free, touch, and the prefix cache.
 
 Mirrors upstream ``vllm/v1/core/block_pool.py`` at v0.22.1 (``BlockPool`` at
-:130, ``BlockHashToBlockMap`` at :34). Left out: KV events, metrics
-collector, group ids in hash keys, ``evict_blocks`` for connectors.
+:130, ``BlockHashToBlockMap`` at :34). What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - block 0 is the null block: never allocated, never freed, never cached;
@@ -12,10 +11,6 @@ Invariants kept:
   evicts it;
 - several blocks may carry the same hash (no de-duplication, so a running
   request's block table is append-only); lookups return the oldest.
-
-``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 02's labs hollow
-out (02.2: the null block, allocation, eviction, touch, free; 02.3: the
-prefix cache's lookup and registration).
 """
 
 from __future__ import annotations

@@ -3,14 +3,10 @@
 Mirrors upstream ``vllm/v1/core/kv_cache_manager.py`` at v0.22.1
 (``KVCacheBlocks`` at :26, ``KVCacheManager`` at :110,
 ``get_computed_blocks`` at :194, ``allocate_slots`` at :236, ``free`` at
-:429) together with the two layers upstream puts beneath it for a model with
-one full-attention KV-cache group: ``UnitaryKVCacheCoordinator``
-(kv_cache_coordinator.py:324) and ``SingleTypeKVCacheManager``
-(single_type_kv_cache_manager.py:31) through its subclass
-``FullAttentionManager`` (single_type_kv_cache_manager.py:481). mini_vllm folds those into
-this one class because it only ever has one group of full attention.
-Left out: sliding-window/Mamba/cross-attention managers, KV connectors and
-external tokens, EAGLE's dropped last block, KV events.
+:429), with the two layers upstream puts beneath it for one full-attention
+KV-cache group folded in: ``UnitaryKVCacheCoordinator``
+(kv_cache_coordinator.py:324) and ``FullAttentionManager``
+(single_type_kv_cache_manager.py:481). What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - ``allocate_slots`` either allocates everything the step needs or returns
@@ -21,10 +17,6 @@ Invariants kept:
   allocated, capped at ``request.num_tokens`` (tokens that really exist);
 - a hit never covers the whole prompt: the last token is always recomputed
   so the model produces logits for it.
-
-``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 02's labs hollow
-out (02.3: the prefix lookup and caching full blocks; 02.4: the block
-count, ``allocate_slots`` and ``free``).
 """
 
 from __future__ import annotations

@@ -3,23 +3,15 @@
 Mirrors upstream ``vllm/v1/core/kv_cache_utils.py`` at v0.22.1:
 ``KVCacheBlock`` (:116), ``FreeKVCacheBlockQueue`` (:164),
 ``hash_block_tokens`` (:541), ``get_request_block_hasher`` (:637),
-``init_none_hash`` (:97). Left out: KV-cache group ids packed into the hash
-key (mini_vllm has one group), extra hash keys (LoRA, multimodal, cache
-salt), the KV-cache sizing helpers, CBOR/xxhash hash functions.
+``init_none_hash`` (:97). What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - a block is in the free queue exactly when ``ref_cnt == 0`` and it is not
   the null block;
 - the free queue is a doubly linked list threaded through the blocks
   themselves, so removing a block from the middle is O(1);
-- a block hash chains its parent's hash, so equal hashes mean equal prefixes.
-
-``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 02's labs hollow
-out (02.1: the queue's operations; 02.3: block hashing).
-
-Difference: upstream seeds the chain with ``os.urandom`` unless
-PYTHONHASHSEED is set; mini_vllm always seeds it with ``sha256("0")``, so
-its hashes are reproducible and equal upstream's run with PYTHONHASHSEED=0.
+- a block hash chains its parent's hash, so equal hashes mean equal prefixes;
+  the chain starts from ``sha256("0")`` (upstream's with PYTHONHASHSEED=0).
 """
 
 from __future__ import annotations

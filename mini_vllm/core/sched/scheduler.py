@@ -3,31 +3,15 @@
 Mirrors upstream ``vllm/v1/core/sched/scheduler.py`` at v0.22.1:
 ``schedule`` (:329), ``_preempt_request`` (:929), ``_update_after_schedule``
 (:951), ``_make_cached_request_data`` (:1036), ``update_from_output``
-(:1283), ``add_request`` (:1755), ``finish_requests`` (:1779).
-Left out: KV/EC connectors, encoder inputs, LoRA, speculative decoding,
-structured output, pipeline parallelism, async scheduling, pause states,
-streaming sessions, Mamba alignment, events and most stats.
+(:1283), ``add_request`` (:1755), ``finish_requests`` (:1779). What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
-There is no prefill phase and no decode phase. Every request has
-``num_computed_tokens`` and ``num_tokens``; each step hands out one token
-budget so that computed catches up with total. A long prompt simply takes
-several steps (chunked prefill); a decode is a request one token behind.
-
-Deliberate differences from upstream (all listed in UPSTREAM_PIN.md):
-- ``_clamp_new_tokens`` names the three-cap clamp that upstream writes inline
-  at scheduler.py:390-398;
-- Phase 2's three admission gates are three breaks at the top of one
-  loop over the waiting queue; upstream spreads the same checks over an
-  if, the loop condition and a break (lines 545-549);
-- ``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 03's labs hollow out;
-- ``add_request`` rejects duplicate ids, empty prompts and prompts that
-  cannot fit ``max_model_len`` with ``ValueError`` (upstream checks prompts in
-  the engine's InputProcessor and asserts on duplicates);
-- ``add_request`` also rejects ``len(prompt) + min_tokens > max_model_len``,
-  which upstream accepts and then never finishes (see UPSTREAM_PIN.md);
-- the constructor rejects a KV cache that cannot hold one
-  ``max_model_len`` request (upstream checks at engine start-up);
-- ``update_from_output`` returns one ``EngineCoreOutputs`` (one client).
+Invariants kept:
+- there is no prefill phase and no decode phase: each step hands out one
+  token budget so that every request's ``num_computed_tokens`` catches up
+  with its ``num_tokens`` (a long prompt takes several steps);
+- a step's scheduled tokens never exceed ``max_num_batched_tokens``, and no
+  more than ``max_num_seqs`` requests run;
+- a step that preempted admits no waiting request.
 """
 
 from __future__ import annotations
