@@ -1,7 +1,8 @@
 """A request and its lifecycle states.
 
 Mirrors upstream ``vllm/v1/request.py`` at v0.22.1 (``Request`` at :59,
-``RequestStatus`` at :315). What is left out, and every deliberate difference: UPSTREAM_PIN.md.
+``RequestStatus`` at :315).
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - ``num_tokens == num_prompt_tokens + num_output_tokens``;

@@ -2,7 +2,8 @@
 
 Mirrors upstream ``vllm/sampling_params.py`` (class ``SamplingParams``, :168) at
 v0.22.1: the same field names, defaults and validation messages for the
-fields mini_vllm supports. What is left out, and every deliberate difference: UPSTREAM_PIN.md.
+fields mini_vllm supports.
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - every bad value raises ``ValueError`` naming the field, at construction;

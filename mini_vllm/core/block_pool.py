@@ -1,7 +1,8 @@
 """The pool of KV-cache blocks: allocate, free, touch, and the prefix cache.
 
 Mirrors upstream ``vllm/v1/core/block_pool.py`` at v0.22.1 (``BlockPool`` at
-:130, ``BlockHashToBlockMap`` at :34). What is left out, and every deliberate difference: UPSTREAM_PIN.md.
+:130, ``BlockHashToBlockMap`` at :34).
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - block 0 is the null block: never allocated, never freed, never cached;

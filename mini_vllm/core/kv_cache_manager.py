@@ -6,7 +6,8 @@ Mirrors upstream ``vllm/v1/core/kv_cache_manager.py`` at v0.22.1
 :429), with the two layers upstream puts beneath it for one full-attention
 KV-cache group folded in: ``UnitaryKVCacheCoordinator``
 (kv_cache_coordinator.py:324) and ``FullAttentionManager``
-(single_type_kv_cache_manager.py:481). What is left out, and every deliberate difference: UPSTREAM_PIN.md.
+(single_type_kv_cache_manager.py:481).
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - ``allocate_slots`` either allocates everything the step needs or returns

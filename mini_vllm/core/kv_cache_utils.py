@@ -3,7 +3,8 @@
 Mirrors upstream ``vllm/v1/core/kv_cache_utils.py`` at v0.22.1:
 ``KVCacheBlock`` (:116), ``FreeKVCacheBlockQueue`` (:164),
 ``hash_block_tokens`` (:541), ``get_request_block_hasher`` (:637),
-``init_none_hash`` (:97). What is left out, and every deliberate difference: UPSTREAM_PIN.md.
+``init_none_hash`` (:97).
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - a block is in the free queue exactly when ``ref_cnt == 0`` and it is not

@@ -3,7 +3,8 @@
 Mirrors upstream ``vllm/v1/core/sched/scheduler.py`` at v0.22.1:
 ``schedule`` (:329), ``_preempt_request`` (:929), ``_update_after_schedule``
 (:951), ``_make_cached_request_data`` (:1036), ``update_from_output``
-(:1283), ``add_request`` (:1755), ``finish_requests`` (:1779). What is left out, and every deliberate difference: UPSTREAM_PIN.md.
+(:1283), ``add_request`` (:1755), ``finish_requests`` (:1779).
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - there is no prefill phase and no decode phase: each step hands out one
