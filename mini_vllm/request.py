@@ -69,6 +69,7 @@ class Request:
         self.update_block_hashes()
 
     # BEGIN LAB 01.1: a request's token bookkeeping and its finished state
+    # mirrors vllm/v1/request.py:216-227
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         """Record newly sampled token(s): one id or a list of ids.
 
@@ -144,6 +145,7 @@ class Request:
         )
 
 
+# mirrors vllm/v1/request.py:315-342
 class RequestStatus(enum.IntEnum):
     """Where a request is in its life. Order matters: see ``is_finished``.
 

@@ -62,6 +62,7 @@ class SamplingParams:
             self.top_k = 0
         self._all_stop_token_ids.update(self.stop_token_ids)
 
+    # mirrors vllm/sampling_params.py:452-550
     def _verify_args(self) -> None:
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
@@ -95,6 +96,7 @@ class SamplingParams:
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}.")
 
+    # mirrors vllm/sampling_params.py:556-584
     def update_from_generation_config(
         self, generation_config: dict[str, Any], eos_token_id: int | None = None
     ) -> None:

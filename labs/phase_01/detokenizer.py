@@ -46,6 +46,7 @@ class IncrementalDetokenizer(_reference.IncrementalDetokenizer):
 
 
 # BEGIN LAB 01.3: check_stop_strings: find a stop string in the new text
+# mirrors vllm/v1/engine/detokenizer.py:309-344
 def check_stop_strings(
     output_text: str, new_char_count: int, stop: list[str], include_in_output: bool
 ) -> tuple[str, int] | None:

@@ -30,6 +30,7 @@ class Request(_reference.Request):
     """The reference ``Request`` with its Phase 01 lab methods re-opened."""
 
     # BEGIN LAB 01.1: a request's token bookkeeping and its finished state
+    # mirrors vllm/v1/request.py:216-227
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         """Record newly sampled token(s): one id or a list of ids.
 

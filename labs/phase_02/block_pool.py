@@ -58,6 +58,7 @@ class BlockPool(_reference.BlockPool):
         # END LAB 02.2
 
     # BEGIN LAB 02.3: prefix cache: look a block hash up
+    # mirrors vllm/v1/core/block_pool.py:184-209
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """A block cached under ``block_hash``, or ``None``.
 
@@ -72,6 +73,7 @@ class BlockPool(_reference.BlockPool):
     # END LAB 02.3
 
     # BEGIN LAB 02.3: register newly full blocks in the prefix cache
+    # mirrors vllm/v1/core/block_pool.py:211-331
     def cache_full_blocks(
         self,
         request: Request,
@@ -95,6 +97,7 @@ class BlockPool(_reference.BlockPool):
     # END LAB 02.3
 
     # BEGIN LAB 02.2: allocate blocks from the front of the free queue
+    # mirrors vllm/v1/core/block_pool.py:333-363
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` blocks off the front of the free queue.
 
@@ -113,6 +116,7 @@ class BlockPool(_reference.BlockPool):
     # END LAB 02.2
 
     # BEGIN LAB 02.2: evict a block from the prefix cache
+    # mirrors vllm/v1/core/block_pool.py:365-400
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
         """Drop ``block`` from the prefix cache if it is in it; True if it was.
 
@@ -128,6 +132,7 @@ class BlockPool(_reference.BlockPool):
     # END LAB 02.2
 
     # BEGIN LAB 02.2: take a reference on blocks another request cached
+    # mirrors vllm/v1/core/block_pool.py:402-417
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on prefix-cache hits, pulling free ones out of the queue.
 
@@ -144,6 +149,7 @@ class BlockPool(_reference.BlockPool):
     # END LAB 02.2
 
     # BEGIN LAB 02.2: release blocks, keeping their eviction order
+    # mirrors vllm/v1/core/block_pool.py:419-433
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block; blocks reaching zero join the
         back of the free queue in the given order (first = evicted first).

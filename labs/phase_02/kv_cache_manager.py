@@ -35,6 +35,7 @@ class KVCacheManager(_reference.KVCacheManager):
     """The reference ``KVCacheManager`` with its Phase 02 lab methods re-opened."""
 
     # BEGIN LAB 02.3: prefix cache: the longest cached prefix of a request
+    # mirrors vllm/v1/core/kv_cache_manager.py:194-234
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """Longest run of cached full blocks that starts the request's tokens.
 
@@ -76,6 +77,7 @@ class KVCacheManager(_reference.KVCacheManager):
     # END LAB 02.4
 
     # BEGIN LAB 02.4: give a request slots for its next tokens, or None
+    # mirrors vllm/v1/core/kv_cache_manager.py:236-427
     def allocate_slots(
         self,
         request: Request,
@@ -128,6 +130,7 @@ class KVCacheManager(_reference.KVCacheManager):
     # END LAB 02.3
 
     # BEGIN LAB 02.4: release a request's blocks, tail first
+    # mirrors vllm/v1/core/kv_cache_manager.py:429-437
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so that the end of a
         prefix is evicted before its beginning.

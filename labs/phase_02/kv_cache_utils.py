@@ -38,6 +38,7 @@ class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):
     """The reference ``FreeKVCacheBlockQueue`` with its Phase 02 lab methods re-opened."""
 
     # BEGIN LAB 02.1: the free-block queue: a doubly linked list in eviction order
+    # mirrors vllm/v1/core/kv_cache_utils.py:216-251
     def popleft(self) -> KVCacheBlock:
         """Take the front block (the next to evict) out of the queue and return it.
 
@@ -55,6 +56,7 @@ class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):
     # END LAB 02.1
 
     # BEGIN LAB 02.1: pop n blocks at once
+    # mirrors vllm/v1/core/kv_cache_utils.py:253-284
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Take the ``n`` front blocks out of the queue, front first.
 
@@ -71,6 +73,7 @@ class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):
     # END LAB 02.1
 
     # BEGIN LAB 02.1: remove a block from the middle in O(1)
+    # mirrors vllm/v1/core/kv_cache_utils.py:286-304
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink ``block`` from wherever it sits in the queue, in O(1).
 
@@ -86,6 +89,7 @@ class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):
     # END LAB 02.1
 
     # BEGIN LAB 02.1: append one block at the back
+    # mirrors vllm/v1/core/kv_cache_utils.py:306-327
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the back of the queue (the last to be evicted)."""
         raise NotImplementedError(
@@ -95,6 +99,7 @@ class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):
     # END LAB 02.1
 
     # BEGIN LAB 02.1: append blocks at the back, in order
+    # mirrors vllm/v1/core/kv_cache_utils.py:329-352
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         """Put ``blocks`` at the back of the queue, keeping their order:
         ``blocks[0]`` will be evicted before ``blocks[1]``, and all of them
@@ -108,6 +113,7 @@ class FreeKVCacheBlockQueue(_reference.FreeKVCacheBlockQueue):
 
 
 # BEGIN LAB 02.3: prefix cache: hash one full block, chained on its parent's hash
+# mirrors vllm/v1/core/kv_cache_utils.py:541-568
 def hash_block_tokens(
     hash_function: Callable[[Any], bytes],
     parent_block_hash: BlockHash | None,

@@ -80,6 +80,7 @@ class Scheduler(_reference.Scheduler):
         token_budget = self.max_num_scheduled_tokens
 
         # Phase 1: the RUNNING requests, in order.
+        # (mirrors vllm/v1/core/sched/scheduler.py:366-499)
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
@@ -93,6 +94,7 @@ class Scheduler(_reference.Scheduler):
                 continue
 
             # Ask for memory; on None, preempt a victim and ask again.
+            # (mirrors vllm/v1/core/sched/scheduler.py:443-490)
             # BEGIN LAB 03.3: allocate_slots -> None -> preempt a victim -> retry
             # HINT: receives request, num_new_tokens and this step's records; leaves new_blocks
             # HINT: (None: give up), token_budget and req_index right for the code after it.
@@ -119,6 +121,7 @@ class Scheduler(_reference.Scheduler):
         # Phase 2: admit WAITING requests in queue order while three gates
         # stay open. (Upstream checks the same three, in two `if`s and a
         # `while` condition around this loop: scheduler.py:545-549.)
+        # (the loop mirrors vllm/v1/core/sched/scheduler.py:548-806)
         while self.waiting:
             # BEGIN LAB 03.1: the three admission gates
             # HINT: receives preempted_reqs, token_budget and self.running; only breaks.
@@ -182,6 +185,7 @@ class Scheduler(_reference.Scheduler):
             )
             # END LAB 03.1
 
+        # mirrors vllm/v1/core/sched/scheduler.py:826-921
         total_num_scheduled_tokens = sum(num_scheduled_tokens.values())
         assert total_num_scheduled_tokens <= self.max_num_scheduled_tokens
         assert token_budget >= 0
@@ -215,6 +219,7 @@ class Scheduler(_reference.Scheduler):
         return scheduler_output
 
     # BEGIN LAB 03.4: running and resumed requests as deltas (CachedRequestData)
+    # mirrors vllm/v1/core/sched/scheduler.py:1036-1094
     def _make_cached_request_data(
         self,
         running_reqs: list[Request],
@@ -240,6 +245,7 @@ class Scheduler(_reference.Scheduler):
     # END LAB 03.4
 
     # BEGIN LAB 03.3: preempt one request (recompute, not swap)
+    # mirrors vllm/v1/core/sched/scheduler.py:929-949
     def _preempt_request(self, request: Request) -> None:
         """Free the request's KV cache and send it back to the waiting queue.
 
@@ -257,6 +263,7 @@ class Scheduler(_reference.Scheduler):
     # END LAB 03.3
 
     # BEGIN LAB 03.2: advance num_computed_tokens when the step is scheduled
+    # mirrors vllm/v1/core/sched/scheduler.py:951-991
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         """Advance num_computed_tokens now, before the model runs, so the
         next schedule() can plan the next chunk straight away. The output
@@ -325,6 +332,7 @@ class Scheduler(_reference.Scheduler):
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
 
     # BEGIN LAB 03.5: append sampled tokens one by one, stop at the first that ends it
+    # mirrors vllm/v1/core/sched/scheduler.py:1649-1665
     def _update_request_with_output(
         self, request: Request, new_token_ids: list[int]
     ) -> tuple[list[int], bool]:

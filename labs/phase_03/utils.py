@@ -22,6 +22,7 @@ from mini_vllm.request import Request, RequestStatus  # noqa: F401 (a lab region
 
 
 # BEGIN LAB 03.5: the stop conditions, in upstream's order
+# mirrors vllm/v1/core/sched/utils.py:94-130
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Set a finished status on the request if its last token ends it.
 

@@ -69,12 +69,14 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.block_pool.get_usage()
 
+    # mirrors vllm/v1/core/kv_cache_manager.py:182-192
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
         """Return the stats gathered since the last call, and start afresh."""
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
 
     # BEGIN LAB 02.3: prefix cache: the longest cached prefix of a request
+    # mirrors vllm/v1/core/kv_cache_manager.py:194-234
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """Longest run of cached full blocks that starts the request's tokens.
 
@@ -133,6 +135,7 @@ class KVCacheManager:
     # END LAB 02.4
 
     # BEGIN LAB 02.4: give a request slots for its next tokens, or None
+    # mirrors vllm/v1/core/kv_cache_manager.py:236-427
     def allocate_slots(
         self,
         request: Request,
@@ -226,6 +229,7 @@ class KVCacheManager:
     # END LAB 02.3
 
     # BEGIN LAB 02.4: release a request's blocks, tail first
+    # mirrors vllm/v1/core/kv_cache_manager.py:429-437
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so that the end of a
         prefix is evicted before its beginning.

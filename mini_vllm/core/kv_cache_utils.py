@@ -110,6 +110,7 @@ class FreeKVCacheBlockQueue:
         self.fake_free_list_tail.prev_free_block = prev
 
     # BEGIN LAB 02.1: the free-block queue: a doubly linked list in eviction order
+    # mirrors vllm/v1/core/kv_cache_utils.py:216-251
     def popleft(self) -> KVCacheBlock:
         """Take the front block (the next to evict) out of the queue and return it.
 
@@ -128,6 +129,7 @@ class FreeKVCacheBlockQueue:
     # END LAB 02.1
 
     # BEGIN LAB 02.1: pop n blocks at once
+    # mirrors vllm/v1/core/kv_cache_utils.py:253-284
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Take the ``n`` front blocks out of the queue, front first.
 
@@ -154,6 +156,7 @@ class FreeKVCacheBlockQueue:
     # END LAB 02.1
 
     # BEGIN LAB 02.1: remove a block from the middle in O(1)
+    # mirrors vllm/v1/core/kv_cache_utils.py:286-304
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink ``block`` from wherever it sits in the queue, in O(1).
 
@@ -173,6 +176,7 @@ class FreeKVCacheBlockQueue:
     # END LAB 02.1
 
     # BEGIN LAB 02.1: append one block at the back
+    # mirrors vllm/v1/core/kv_cache_utils.py:306-327
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the back of the queue (the last to be evicted)."""
         self.append_n([block])
@@ -180,6 +184,7 @@ class FreeKVCacheBlockQueue:
     # END LAB 02.1
 
     # BEGIN LAB 02.1: append blocks at the back, in order
+    # mirrors vllm/v1/core/kv_cache_utils.py:329-352
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         """Put ``blocks`` at the back of the queue, keeping their order:
         ``blocks[0]`` will be evicted before ``blocks[1]``, and all of them
@@ -198,6 +203,7 @@ class FreeKVCacheBlockQueue:
 
     # END LAB 02.1
 
+    # mirrors vllm/v1/core/kv_cache_utils.py:354-372
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """All free blocks, front (next to evict) first. For tests and plots."""
         ret = []
@@ -209,6 +215,7 @@ class FreeKVCacheBlockQueue:
 
 
 # BEGIN LAB 02.3: prefix cache: hash one full block, chained on its parent's hash
+# mirrors vllm/v1/core/kv_cache_utils.py:541-568
 def hash_block_tokens(
     hash_function: Callable[[Any], bytes],
     parent_block_hash: BlockHash | None,
@@ -231,6 +238,7 @@ def hash_block_tokens(
 # END LAB 02.3
 
 
+# mirrors vllm/v1/core/kv_cache_utils.py:637-688
 def get_request_block_hasher(
     block_size: int, caching_hash_fn: Callable[[Any], bytes] = sha256
 ) -> Callable[[Request], list[BlockHash]]:

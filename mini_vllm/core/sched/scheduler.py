@@ -111,6 +111,7 @@ class Scheduler(SchedulerInterface):
         token_budget = self.max_num_scheduled_tokens
 
         # Phase 1: the RUNNING requests, in order.
+        # (mirrors vllm/v1/core/sched/scheduler.py:366-499)
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
@@ -124,6 +125,7 @@ class Scheduler(SchedulerInterface):
                 continue
 
             # Ask for memory; on None, preempt a victim and ask again.
+            # (mirrors vllm/v1/core/sched/scheduler.py:443-490)
             # BEGIN LAB 03.3: allocate_slots -> None -> preempt a victim -> retry
             # HINT: receives request, num_new_tokens and this step's records; leaves new_blocks
             # HINT: (None: give up), token_budget and req_index right for the code after it.
@@ -170,6 +172,7 @@ class Scheduler(SchedulerInterface):
         # Phase 2: admit WAITING requests in queue order while three gates
         # stay open. (Upstream checks the same three, in two `if`s and a
         # `while` condition around this loop: scheduler.py:545-549.)
+        # (the loop mirrors vllm/v1/core/sched/scheduler.py:548-806)
         while self.waiting:
             # BEGIN LAB 03.1: the three admission gates
             # HINT: receives preempted_reqs, token_budget and self.running; only breaks.
@@ -247,6 +250,7 @@ class Scheduler(SchedulerInterface):
             request.num_computed_tokens = num_computed_tokens
             # END LAB 03.1
 
+        # mirrors vllm/v1/core/sched/scheduler.py:826-921
         total_num_scheduled_tokens = sum(num_scheduled_tokens.values())
         assert total_num_scheduled_tokens <= self.max_num_scheduled_tokens
         assert token_budget >= 0
@@ -280,6 +284,7 @@ class Scheduler(SchedulerInterface):
         return scheduler_output
 
     # BEGIN LAB 03.4: running and resumed requests as deltas (CachedRequestData)
+    # mirrors vllm/v1/core/sched/scheduler.py:1036-1094
     def _make_cached_request_data(
         self,
         running_reqs: list[Request],
@@ -324,6 +329,7 @@ class Scheduler(SchedulerInterface):
     # END LAB 03.4
 
     # BEGIN LAB 03.3: preempt one request (recompute, not swap)
+    # mirrors vllm/v1/core/sched/scheduler.py:929-949
     def _preempt_request(self, request: Request) -> None:
         """Free the request's KV cache and send it back to the waiting queue.
 
@@ -344,6 +350,7 @@ class Scheduler(SchedulerInterface):
     # END LAB 03.3
 
     # BEGIN LAB 03.2: advance num_computed_tokens when the step is scheduled
+    # mirrors vllm/v1/core/sched/scheduler.py:951-991
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         """Advance num_computed_tokens now, before the model runs, so the
         next schedule() can plan the next chunk straight away. The output
@@ -415,6 +422,7 @@ class Scheduler(SchedulerInterface):
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
 
     # BEGIN LAB 03.5: append sampled tokens one by one, stop at the first that ends it
+    # mirrors vllm/v1/core/sched/scheduler.py:1649-1665
     def _update_request_with_output(
         self, request: Request, new_token_ids: list[int]
     ) -> tuple[list[int], bool]:
@@ -466,6 +474,7 @@ class Scheduler(SchedulerInterface):
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
 
+    # mirrors vllm/v1/core/sched/scheduler.py:1779-1840
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
     ) -> list[str]:
@@ -502,6 +511,7 @@ class Scheduler(SchedulerInterface):
             self._free_request(request)
         return [r.request_id for r in valid_requests]
 
+    # mirrors vllm/v1/core/sched/scheduler.py:1842-1863
     def _free_request(self, request: Request) -> None:
         assert request.is_finished()
         self.finished_req_ids.add(request.request_id)
