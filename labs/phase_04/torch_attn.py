@@ -33,7 +33,7 @@ class TorchAttentionImpl(_reference.TorchAttentionImpl):
     ) -> torch.Tensor:
         n = attn_metadata.num_actual_tokens
         block_size = kv_cache.shape[2]  # noqa: F841 (a lab region reads it)
-        slot_mapping = attn_metadata.slot_mapping[:n]  # noqa: F841 (a lab region reads it)
+        slot_mapping = attn_metadata.slot_mapping[:n]  # [n]  # noqa: F841 (a lab region reads it)
         # 1. Store the new keys and values in their slots.
         # BEGIN LAB 04.2: reshape_and_cache and the paged gather, in torch
         # HINT: receives key, value, kv_cache, slot_mapping, n, block_size; leaves the n new
@@ -49,8 +49,8 @@ class TorchAttentionImpl(_reference.TorchAttentionImpl):
         # 2. Attend, request by request: the query rows are the last q_len
         #    positions of a sequence of seq_len tokens, so row r (position
         #    seq_len - q_len + r) may see key positions 0 .. seq_len - q_len + r.
-        out = torch.zeros_like(query)
-        starts = attn_metadata.query_start_loc.tolist()
+        out = torch.zeros_like(query)  # [num_tokens, num_heads, head_size]
+        starts = attn_metadata.query_start_loc.tolist()  # num_reqs + 1 ints
         seq_lens = attn_metadata.seq_lens.tolist()
         group = self.num_heads // self.num_kv_heads  # noqa: F841 (a lab region reads it)
         for i, seq_len in enumerate(seq_lens):  # noqa: B007 (a lab region reads it)
@@ -71,7 +71,7 @@ class TorchAttentionImpl(_reference.TorchAttentionImpl):
                 "(labs/phase_04/torch_attn.py)"
             )
             # END LAB 04.2
-            o = F.scaled_dot_product_attention(
+            o = F.scaled_dot_product_attention(  # [num_heads, q_len, head_size]
                 q,
                 k.float().transpose(0, 1),
                 v.float().transpose(0, 1),
