@@ -473,6 +473,80 @@ def _header(phase: str, rel: str, regions: list[Region]) -> list[str]:
     ]
 
 
+def _holed_functions(tree: ast.Module, lines: list[str], regions: list[Region], rel: str):
+    """{(class or None, function name): (function node, [(region, whole)])}, in
+    source order; each in-body region's contract is checked on the way."""
+    owners: dict[tuple[str | None, str], tuple[ast.FunctionDef, list]] = {}
+    for region in regions:
+        cls, fn, whole = _owner(tree, region)
+        if not whole:
+            _check_contract(lines, region, region_contract(fn, region), rel)
+        owners.setdefault((cls, fn.name), (fn, []))[1].append((region, whole))
+    return owners
+
+
+def _body(owners, lines: list[str], phase: str, starter_path: str) -> list[str]:
+    """The holed functions, each class re-opened as a subclass of the reference's."""
+    body: list[str] = []
+    opened: set[str] = set()
+    for (cls, _), (fn, regions) in owners.items():
+        if cls is None:
+            body += ["", ""] + _function_text(lines, fn, regions, starter_path)
+            continue
+        if cls not in opened:
+            opened.add(cls)
+            body += [
+                "",
+                "",
+                f"class {cls}(_reference.{cls}):",
+                f'    """The reference ``{cls}`` with its Phase {phase} lab methods re-opened."""',
+            ]
+        body += [""] + _function_text(lines, fn, regions, starter_path)
+    return body
+
+
+def _reexported(tree: ast.Module, holed: set[str]) -> list[str]:
+    """Everything else the reference module defines at top level, so that the
+    starter can stand in for it."""
+    names = []
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef | ast.ClassDef):
+            if n.name not in holed:
+                names.append(n.name)
+        elif isinstance(n, ast.Assign) and len(n.targets) == 1:
+            if isinstance(n.targets[0], ast.Name):
+                names.append(n.targets[0].id)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            names.append(n.target.id)
+    return names
+
+
+def _starter_imports(tree, owners, body, modname: str, siblings: set[str], phase: str):
+    """The starter's import lines: the reference's imports it needs, the
+    reference module as ``_reference`` when a class is re-opened, and a
+    re-export of everything the starter does not redefine."""
+    used = _names_used("\n".join(body))
+    region_used = _names_used("\n".join(ast.unparse(fn) for fn, _ in owners.values()))
+    imports = _imports(tree, used, region_used, siblings, phase)
+    if any(type_checking for _, type_checking, _ in imports):
+        imports = _imports(tree, used | {"TYPE_CHECKING"}, region_used, siblings, phase)
+    statements = [(node, comment) for node, type_checking, comment in imports if not type_checking]
+    holed_classes = {cls for cls, _ in owners if cls}
+    if holed_classes:
+        package, _, leaf = modname.rpartition(".")
+        statements.append((ast.ImportFrom(package, [ast.alias(leaf, "_reference")], 0), ""))
+    holed = holed_classes | {name for cls, name in owners if cls is None}
+    if others := _reexported(tree, holed):
+        node = ast.ImportFrom(modname, [ast.alias(n) for n in others], 0)
+        statements.append((node, "  # noqa: F401"))
+    lines = ["from __future__ import annotations", "", *_import_block(statements)]
+    type_checking = [(node, comment) for node, tc, comment in imports if tc]
+    if type_checking:
+        lines += ["", "if TYPE_CHECKING:"]
+        lines += ["    " + line for line in _import_block(type_checking)]
+    return lines
+
+
 def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
     """The starter module for ``reference``'s regions of ``phase``.
 
@@ -482,66 +556,15 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
     text = reference.read_text()
     lines = text.splitlines()
     rel = str(reference.relative_to(REPO_ROOT))
-    starter_path = f"{LABS_PACKAGE}/{starter_relpath(phase, reference)}"
     tree = ast.parse(text)
-    all_regions = find_regions(lines, rel)
-    if [r for r in all_regions if r.phase != phase]:
+    regions = find_regions(lines, rel)
+    if [r for r in regions if r.phase != phase]:
         raise RegionError(f"{rel}: regions of several phases in one module are not supported")
-
-    # Function -> its regions, in source order.
-    owners: dict[tuple[str | None, str], tuple[ast.FunctionDef, list]] = {}
-    for region in all_regions:
-        cls, fn, whole = _owner(tree, region)
-        if not whole:
-            _check_contract(lines, region, region_contract(fn, region), rel)
-        owners.setdefault((cls, fn.name), (fn, []))[1].append((region, whole))
-
-    body: list[str] = []
-    for (cls, _), (fn, regions) in owners.items():
-        if cls is None:
-            body += ["", ""] + _function_text(lines, fn, regions, starter_path)
-            continue
-        if f"class {cls}(" not in "\n".join(body):
-            body += [
-                "",
-                "",
-                f"class {cls}(_reference.{cls}):",
-                f'    """The reference ``{cls}`` with its Phase {phase} lab methods re-opened."""',
-            ]
-        body += [""] + _function_text(lines, fn, regions, starter_path)
-
-    holed_classes = {cls for cls, _ in owners if cls}
-    holed_functions = {name for cls, name in owners if cls is None}
-    used = _names_used("\n".join(body))
-    region_used = _names_used("\n".join(ast.unparse(fn) for fn, _ in owners.values()))
-    imports = _imports(tree, used, region_used, siblings, phase)
-    if any(type_checking for _, type_checking, _ in imports):
-        imports = _imports(tree, used | {"TYPE_CHECKING"}, region_used, siblings, phase)
-    statements = [(node, comment) for node, type_checking, comment in imports if not type_checking]
-    modname = module_name(reference)
-    if holed_classes:
-        package, _, leaf = modname.rpartition(".")
-        statements.append((ast.ImportFrom(package, [ast.alias(leaf, "_reference")], 0), ""))
-    # Everything else the reference module defines, so the starter can stand in for it.
-    others = []
-    for n in tree.body:
-        if isinstance(n, ast.FunctionDef | ast.ClassDef):
-            if n.name not in holed_functions | holed_classes:
-                others.append(n.name)
-        elif isinstance(n, ast.Assign) and len(n.targets) == 1:
-            if isinstance(n.targets[0], ast.Name):
-                others.append(n.targets[0].id)
-        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
-            others.append(n.target.id)
-    if others:
-        node = ast.ImportFrom(modname, [ast.alias(n) for n in others], 0)
-        statements.append((node, "  # noqa: F401"))
-    import_lines = ["from __future__ import annotations", "", *_import_block(statements)]
-    type_checking = [(node, comment) for node, tc, comment in imports if tc]
-    if type_checking:
-        import_lines += ["", "if TYPE_CHECKING:"]
-        import_lines += ["    " + line for line in _import_block(type_checking)]
-    return "\n".join(_header(phase, rel, all_regions) + import_lines + body) + "\n"
+    owners = _holed_functions(tree, lines, regions, rel)
+    starter_path = f"{LABS_PACKAGE}/{starter_relpath(phase, reference)}"
+    body = _body(owners, lines, phase, starter_path)
+    imports = _starter_imports(tree, owners, body, module_name(reference), siblings, phase)
+    return "\n".join(_header(phase, rel, regions) + imports + body) + "\n"
 
 
 def starters(phase: str) -> dict[Path, str]:
