@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from mini_vllm.attention.backend import AttentionImpl, AttentionMetadata
+from mini_vllm.kv_cache_interface import cdiv
 
 
 class TorchAttentionImpl(AttentionImpl):
@@ -54,7 +55,7 @@ class TorchAttentionImpl(AttentionImpl):
             # HINT: request = offset j % block_size of block block_table[i, j // block_size].
             # HINT: GQA: query head h reads KV head h // group (repeat_interleave, not repeat).
             # HINT: mask: [q_len, seq_len] bool, True where key position <= query position.
-            num_blocks = -(-seq_len // block_size)
+            num_blocks = cdiv(seq_len, block_size)
             table = attn_metadata.block_table[i, :num_blocks].long()  # [num_blocks]
             # [seq_len, num_kv_heads, head_size]
             k = kv_cache[table, 0].reshape(-1, self.num_kv_heads, self.head_size)[:seq_len]
