@@ -5,15 +5,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SETUP_STAMP    := $(VENV)/.setup-done
 UPSTREAM_STAMP := $(VENV)/.upstream-done
+JUPYTER_STAMP  := $(VENV)/.jupyter-done
 
-.PHONY: setup model upstream demo scheduler-demo test test-fast snapshots bench clean help \
-        labs diff-upstream notebooks upstream-tests
+.PHONY: setup model upstream demo scheduler-demo test test-fast lint snapshots bench clean help \
+        labs diff-upstream notebooks jupyter upstream-tests
 
 help:
 	@echo "make demo       generate text with SmolLM2-135M through mini_vllm (sets up .venv first)"
 	@echo "make scheduler-demo  watch the scheduler step by step with a fake model"
-	@echo "make test       full test suite, upstream oracle included"
+	@echo "make test       lint, then the full test suite, upstream oracle included"
 	@echo "make test-fast  tests that do not need the pinned upstream"
+	@echo "make lint       ruff check + ruff format --check (config in pyproject.toml)"
+	@echo "make jupyter    JupyterLab on notebooks/ with the project's kernel"
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
 	@echo "make upstream-tests  run upstream's own unit tests at the pin against mini_vllm"
 	@echo "make snapshots  re-record the upstream snapshots (scheduler, KV cache, KV sizing) the tests compare against"
@@ -57,7 +60,7 @@ scheduler-demo: setup
 	$(BIN)/python -m mini_vllm.oracle.demo
 
 # MINI_VLLM_REQUIRE_UPSTREAM turns a missing pin into a failure, not a skip.
-test: upstream
+test: upstream lint
 	MINI_VLLM_REQUIRE_UPSTREAM=1 $(BIN)/python -m pytest
 	$(BIN)/python -m pytest --nbmake notebooks
 	$(MAKE) upstream-tests
@@ -69,6 +72,11 @@ test-fast: setup
 # (never committed); mini_vllm/oracle/upstream_suite/scope.toml says which must pass.
 upstream-tests: upstream
 	$(BIN)/python -m mini_vllm.oracle.upstream_suite
+
+# ruff's rules and line length live in pyproject.toml; notebooks/ is excluded there.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 snapshots: upstream
 	$(BIN)/python -m mini_vllm.oracle record
@@ -96,6 +104,17 @@ diff-upstream: upstream
 
 notebooks: setup
 	$(BIN)/python -m pytest --nbmake notebooks
+
+# JupyterLab from the `jupyter` extra, in .venv: the notebooks' `python3` kernel is then
+# .venv's Python. The same interpreter is also registered for your user as "mini_vllm
+# (.venv)", for editors and Jupyter installs outside .venv.
+$(JUPYTER_STAMP): $(SETUP_STAMP)
+	$(BIN)/pip install -e '.[dev,jupyter]'
+	$(BIN)/python -m ipykernel install --user --name mini-vllm --display-name "mini_vllm (.venv)"
+	touch $@
+
+jupyter: $(JUPYTER_STAMP)
+	$(BIN)/jupyter lab notebooks/
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -63,7 +63,7 @@ class FullAttentionSpec:
 
     # END LAB 00.2
 
-    # BEGIN LAB 00.2
+    # BEGIN LAB 00.2: max_memory_usage_bytes: one max_model_len request's bytes
     def max_memory_usage_bytes(self, max_model_len: int) -> int:
         """Bytes of ONE layer's cache that a request of ``max_model_len`` tokens can use."""
         # HINT: memory is handed out in whole blocks.
@@ -77,7 +77,7 @@ def kv_cache_bytes_per_token(spec: FullAttentionSpec, num_layers: int) -> float:
     return num_layers * spec.page_size_bytes / spec.block_size
 
 
-# BEGIN LAB 00.2
+# BEGIN LAB 00.2: get_num_blocks: how many blocks the memory budget holds
 def get_num_blocks(
     num_layers: int,
     available_memory: int,
@@ -96,7 +96,7 @@ def get_num_blocks(
 # END LAB 00.2
 
 
-# BEGIN LAB 00.2
+# BEGIN LAB 00.2: get_max_concurrency_for_kv_cache_config: max_model_len requests at once
 def get_max_concurrency_for_kv_cache_config(
     num_blocks: int, kv_cache_spec: FullAttentionSpec, num_layers: int, max_model_len: int
 ) -> float:
@@ -113,7 +113,7 @@ def get_max_concurrency_for_kv_cache_config(
 # END LAB 00.2
 
 
-# BEGIN LAB 00.2
+# BEGIN LAB 00.2: num_requests_that_fit: requests of a given length at once
 def num_requests_that_fit(
     num_blocks: int, kv_cache_spec: FullAttentionSpec, num_tokens: int
 ) -> int:

@@ -1,16 +1,14 @@
 """A request and its lifecycle states.
 
 Mirrors upstream ``vllm/v1/request.py`` at v0.22.1 (``Request`` at :59,
-``RequestStatus`` at :315). Left out: pooling, multimodal inputs, LoRA,
-structured output, streaming sessions, async-scheduling placeholders,
-speculative tokens (``spec_token_ids`` is kept, always empty, so that
-``num_tokens_with_spec`` reads as upstream's does).
+``RequestStatus`` at :315).
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - ``num_tokens == num_prompt_tokens + num_output_tokens``;
 - ``0 <= num_computed_tokens <= num_tokens`` between steps;
-- ``block_hashes`` always holds one hash per *full* block of
-  ``all_token_ids`` (recomputed incrementally as tokens are appended);
+- ``block_hashes`` holds one hash per *full* block of ``all_token_ids``
+  when the request has a block hasher (recomputed incrementally);
 - the enum order is the logic: every status after ``PREEMPTED`` is finished.
 """
 
@@ -71,6 +69,7 @@ class Request:
         self.update_block_hashes()
 
     # BEGIN LAB 01.1: a request's token bookkeeping and its finished state
+    # mirrors vllm/v1/request.py:216-227
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
         """Record newly sampled token(s): one id or a list of ids.
 
@@ -94,7 +93,7 @@ class Request:
         if self._block_hasher is not None:
             self.block_hashes.extend(self._block_hasher(self))
 
-    # BEGIN LAB 01.1
+    # BEGIN LAB 01.1: num_tokens: prompt plus output tokens
     @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
@@ -106,7 +105,7 @@ class Request:
     def num_tokens_with_spec(self) -> int:
         return len(self._all_token_ids) + len(self.spec_token_ids)
 
-    # BEGIN LAB 01.1
+    # BEGIN LAB 01.1: num_output_tokens: tokens sampled so far
     @property
     def num_output_tokens(self) -> int:
         """Tokens sampled so far (a resumed request keeps its earlier ones)."""
@@ -114,7 +113,7 @@ class Request:
 
     # END LAB 01.1
 
-    # BEGIN LAB 01.1
+    # BEGIN LAB 01.1: is_finished: the status says it
     def is_finished(self) -> bool:
         """Whether the request's status is one of the FINISHED_* statuses."""
         # HINT: RequestStatus has a staticmethod for this (the enum order is the logic).
@@ -122,7 +121,7 @@ class Request:
 
     # END LAB 01.1
 
-    # BEGIN LAB 01.1
+    # BEGIN LAB 01.1: get_finished_reason: the status, as a FinishReason
     def get_finished_reason(self) -> FinishReason | None:
         """STOP, LENGTH or ABORT for a finished request; None for a live one."""
         return RequestStatus.get_finished_reason(self.status)
@@ -146,6 +145,7 @@ class Request:
         )
 
 
+# mirrors vllm/v1/request.py:315-342
 class RequestStatus(enum.IntEnum):
     """Where a request is in its life. Order matters: see ``is_finished``.
 

@@ -2,11 +2,8 @@
 
 Mirrors upstream ``vllm/sampling_params.py`` (class ``SamplingParams``, :168) at
 v0.22.1: the same field names, defaults and validation messages for the
-fields mini_vllm supports. Left out: ``n > 1``, penalties, ``min_p``, bad
-words, logit bias, structured outputs, prompt logprobs, ``detokenize`` (mini
-always detokenizes when the model has a tokenizer) and
-``output_text_buffer_length`` (the detokenizer computes its own hold-back,
-``stop_buffer_length``, as upstream's detokenizer does).
+fields mini_vllm supports.
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - every bad value raises ``ValueError`` naming the field, at construction;
@@ -118,6 +115,7 @@ class SamplingParams:
         self.logprobs = _check_int("logprobs", self.logprobs, allow_none=True)
         self.seed = _check_int("seed", self.seed, allow_none=True)
 
+    # mirrors vllm/sampling_params.py:452-550
     def _verify_args(self) -> None:
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
@@ -164,6 +162,7 @@ class SamplingParams:
                 f"which is greater than max allowed: {allowed}"
             )
 
+    # mirrors vllm/sampling_params.py:556-584
     def update_from_generation_config(
         self, generation_config: dict[str, Any], eos_token_id: int | None = None
     ) -> None:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_reference import PROMPTS, hf_greedy
 from transformers import AutoModelForCausalLM
 
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.sampling_params import SamplingParams
-
-from hf_reference import PROMPTS, hf_greedy
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,7 @@ def _token_prompts(llm: LLM, texts=PROMPTS) -> list[list[int]]:
 def run_and_compare(llm: LLM, hf, prompts: list[list[int]], n: int = 12):
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for prompt, out in zip(prompts, outputs):
+    for prompt, out in zip(prompts, outputs, strict=True):
         expected = hf_greedy(hf, prompt, n)
         assert out.outputs[0].token_ids == expected, (
             f"prompt {prompt[:8]}...: mini_vllm {out.outputs[0].token_ids} != HF {expected}"

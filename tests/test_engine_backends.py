@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_reference import PROMPTS, hf_greedy
 from transformers import AutoModelForCausalLM
 
 from mini_vllm.attention.backends.torch_attn import TorchAttentionImpl
@@ -38,8 +39,6 @@ from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
 from mini_vllm.sampling_params import SamplingParams
-
-from hf_reference import PROMPTS, hf_greedy
 
 IMPLS = {"torch": TorchAttentionImpl, "triton": TritonAttentionImpl}
 
@@ -94,7 +93,7 @@ def test_tiny_triton_backend_matches_torch_backend(tiny):
     triton_tokens, stats = run_tiny(path, "triton")
     assert triton_tokens == torch_tokens
     # Both equal transformers too, so the comparison is not between two wrong answers.
-    for prompt, tokens in zip(TINY_PROMPTS + PAIR, torch_tokens):
+    for prompt, tokens in zip(TINY_PROMPTS + PAIR, torch_tokens, strict=True):
         assert tokens == hf_greedy(hf, prompt, N)
     assert stats["num_steps"] > N + len(TINY_PROMPTS), "prefills should have been chunked"
     assert stats["prefix_cache_hits"] >= 32, stats  # the second of the pair reused 4 blocks
@@ -141,7 +140,7 @@ class TestSmolLM2OnCuda:
         outs = llm.generate(
             [{"prompt_token_ids": p} for p in prompts], greedy(GPU_N), use_tqdm=False
         )
-        for prompt, got in zip(prompts, token_ids(outs)):
+        for prompt, got in zip(prompts, token_ids(outs), strict=True):
             assert got == hf_greedy(hf_fp32, prompt, GPU_N), tok.decode(prompt)
 
     def test_triton_bfloat16_matches_torch_backend_bfloat16(self):
@@ -156,11 +155,15 @@ class TestSmolLM2OnCuda:
             del llm
             torch.cuda.empty_cache()
         identical = 0
-        for prompt, ref, got in zip(GPU_PROMPTS, runs["torch"], runs["triton"]):
+        for prompt, ref, got in zip(GPU_PROMPTS, runs["torch"], runs["triton"], strict=True):
             if got.token_ids == ref.token_ids:
                 identical += 1
                 continue
-            i = next(i for i, (a, b) in enumerate(zip(ref.token_ids, got.token_ids)) if a != b)
+            i = next(
+                i
+                for i, (a, b) in enumerate(zip(ref.token_ids, got.token_ids, strict=False))
+                if a != b
+            )
             top = ref.logprobs[i]  # the torch backend's top-5 at the first difference
             assert got.token_ids[i] in top, (prompt, i, ref.token_ids, got.token_ids)
             gap = top[ref.token_ids[i]] - top[got.token_ids[i]]

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import mini_vllm.testing as mini
-from mini_vllm.core.kv_cache_manager import cdiv
+from mini_vllm.kv_cache_interface import cdiv
 from mini_vllm.oracle.workload import RequestSpec, Workload, fake_token, run_workload
 from mini_vllm.request import RequestStatus
 

@@ -13,8 +13,8 @@ import json
 
 import pytest
 import torch
-
 from hf_reference import hf_greedy
+
 from mini_vllm import kv_cache_interface as kv
 from mini_vllm.benchmarks import kv_cache_speedup, kv_memory
 from mini_vllm.entrypoints.llm import LLM

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mini_vllm.core.kv_cache_manager import KVCacheManager, cdiv
+from mini_vllm.core.kv_cache_manager import KVCacheManager
+from mini_vllm.kv_cache_interface import cdiv
 from mini_vllm.testing import create_requests
 
 BS = 4

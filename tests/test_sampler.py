@@ -78,7 +78,7 @@ def counts_of(tokens: torch.Tensor, vocab: int) -> list[int]:
 def chi_square(observed: list[int], expected_probs: list[float]) -> float:
     n = sum(observed)
     stat = 0.0
-    for o, p in zip(observed, expected_probs):
+    for o, p in zip(observed, expected_probs, strict=True):
         if p == 0.0:
             assert o == 0, f"a token of probability 0 was drawn {o} times"
             continue

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_reference import hf_greedy
 
 from mini_vllm.engine.detokenizer import IncrementalDetokenizer
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.sampling_params import SamplingParams
-
-from hf_reference import hf_greedy
 
 VOCAB = 512  # the tiny model's
 EOS = 2  # tiny_config's eos_token_id
@@ -246,7 +245,7 @@ def test_logprobs_per_token_match_transformers(llm, tiny_qwen3):
     ref = hf_logprobs(tiny_qwen3[1], prompt, out.token_ids)
     assert len(out.logprobs) == len(out.token_ids) == 10
     off_top = 0
-    for i, (tok, entry) in enumerate(zip(out.token_ids, out.logprobs)):
+    for i, (tok, entry) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
         top2 = ref[i].topk(2).indices.tolist()
         assert set(entry) == {tok, *top2}, (i, entry, top2)
         assert list(entry)[0] == tok  # the sampled token comes first
@@ -271,9 +270,11 @@ def test_each_request_gets_its_own_number_of_logprobs(llm):
     assert none.logprobs is None and none.cumulative_logprob is None
     assert [list(e) for e in zero.logprobs] == [[t] for t in zero.token_ids]
     # Greedy: the sampled token is the top one, so top-2 adds one more.
-    assert all(len(e) == 2 and list(e)[0] == t for e, t in zip(two.logprobs, two.token_ids))
+    assert all(
+        len(e) == 2 and list(e)[0] == t for e, t in zip(two.logprobs, two.token_ids, strict=True)
+    )
     assert all(len(e) == VOCAB for e in full.logprobs)  # -1: the whole vocabulary
-    for e, t in zip(full.logprobs, full.token_ids):
+    for e, t in zip(full.logprobs, full.token_ids, strict=True):
         assert max(e, key=e.get) == t
         assert sum(torch.tensor(list(e.values())).exp()) == pytest.approx(1.0, abs=1e-4)
     assert zero.token_ids == two.token_ids == full.token_ids == none.token_ids
@@ -323,7 +324,7 @@ def test_streamed_text_matches_a_full_decode_at_every_step(smollm2):
     # that the text leaves out).
     prompts = DETOK_PROMPTS * 2 + [DETOK_PROMPTS[0]]
     params.append(SamplingParams(temperature=1.0, seed=3, max_tokens=16))
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(f"detok-{i}", prompt, p)
     checked = held_back = 0
     non_ascii = False

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from hf_reference import hf_greedy
+
 from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from mini_vllm.engine.detokenizer import IncrementalDetokenizer
 from mini_vllm.engine.output_processor import OutputProcessor

@@ -139,7 +139,9 @@ def test_store_writes_exactly_its_slots(data, kv_heads, head_size, block_size, c
     num_slots = num_blocks * block_size
     slots = data.draw(st.lists(st.integers(0, num_slots - 1), min_size=1, max_size=12, unique=True))
     skip = data.draw(st.lists(st.booleans(), min_size=len(slots), max_size=len(slots)))
-    slot_mapping = torch.tensor([-1 if s else x for x, s in zip(slots, skip)], dtype=torch.int64)
+    slot_mapping = torch.tensor(
+        [-1 if s else x for x, s in zip(slots, skip, strict=True)], dtype=torch.int64
+    )
     t = len(slots)
     # key and value are views into one fused float32 tensor (strided rows),
     # stored into a cache of another dtype.

@@ -27,6 +27,7 @@ head_size)``, index 0 = keys, 1 = values (the Triton backend's layout).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 

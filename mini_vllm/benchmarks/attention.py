@@ -27,6 +27,7 @@ import argparse
 import os
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -175,8 +176,8 @@ def timing(
     rows = []
     for n in context_lens:
         q, cache, md, _, _ = decode_batch(num_reqs, n, dtype=DTYPES[dtype], device=device, **shape)
-        t_torch = median_ms(lambda: run_torch(q, cache, md), repeats)
-        t_triton = median_ms(lambda: run_triton(q, cache, md), repeats)
+        t_torch = median_ms(partial(run_torch, q, cache, md), repeats)
+        t_triton = median_ms(partial(run_triton, q, cache, md), repeats)
         rows.append(
             {
                 "context_len": n,

@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 
 import mini_vllm.testing as mini
-from mini_vllm.core.kv_cache_manager import cdiv
+from mini_vllm.kv_cache_interface import cdiv
 
 NUM_REQUESTS = 48
 MAX_MODEL_LEN = 1024

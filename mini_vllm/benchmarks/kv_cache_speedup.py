@@ -35,6 +35,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -153,7 +154,7 @@ def greedy_without_cache(
 # END LAB 00.1
 
 
-# BEGIN LAB 00.1
+# BEGIN LAB 00.1: greedy_with_cache: one forward per new token
 def greedy_with_cache(model: PagedModel, prompt_token_ids: list[int], max_tokens: int) -> list[int]:
     """The same tokens, computing each position once: prefill the prompt,
     then feed only the newest token at each step."""
@@ -187,6 +188,11 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _prefill_from_scratch(paged: PagedModel, tokens: list[int]) -> None:
+    paged.reset()
+    paged.forward(tokens, start=0)
+
+
 def step_times(paged: PagedModel, lengths: list[int], repeats: int, vocab: int) -> list[dict]:
     """ms for the step that produces token L+1 of a context of L tokens: without a
     cache it is a prefill of L tokens; with one, a forward of 1 token at position L-1."""
@@ -194,20 +200,10 @@ def step_times(paged: PagedModel, lengths: list[int], repeats: int, vocab: int) 
     for length in lengths:
         tokens = [(17 * i + 5) % vocab for i in range(length)]
 
-        def no_cache():
-            paged.reset()
-            paged.forward(tokens, start=0)
-
+        no_ms = _median_ms(partial(_prefill_from_scratch, paged, tokens), repeats)
         paged.reset()
         paged.forward(tokens[:-1], start=0)  # the cache holds positions 0..L-2
-
-        def with_cache():
-            paged.forward(tokens[-1:], start=length - 1)
-
-        no_ms = _median_ms(no_cache, repeats)
-        paged.reset()
-        paged.forward(tokens[:-1], start=0)
-        with_ms = _median_ms(with_cache, repeats)
+        with_ms = _median_ms(partial(paged.forward, tokens[-1:], start=length - 1), repeats)
         rows.append(
             {
                 "context": length,

@@ -20,7 +20,7 @@ import sys
 import time
 
 import mini_vllm.testing as mini
-from mini_vllm.core.kv_cache_manager import cdiv
+from mini_vllm.kv_cache_interface import cdiv
 
 NUM_REQUESTS = 256
 BLOCK_SIZE = 16

@@ -189,7 +189,7 @@ def compare(llm, hf, workload, repeats, hf_batch, pad_id):
                 file=sys.stderr,
             )
     m, h = runs["mini"], runs["hf"]
-    same = sum(a == b for a, b in zip(m[-1]["tokens"], h[-1]["tokens"]))
+    same = sum(a == b for a, b in zip(m[-1]["tokens"], h[-1]["tokens"], strict=False))
     s = dict(
         num_requests=len(workload),
         prompt_tokens=sum(len(p) for p, _ in workload),
@@ -324,7 +324,7 @@ def gpu_section(
         decode_step_ms=med(1e3 * d[0] for d in decode),
         decode_forward_ms=med(1e3 * d[1] for d in decode),
         decode_floor_ms=med(1e3 * f for f in floor),
-        decode_step_over_floor=med(d[0] / f for d, f in zip(decode, floor)),
+        decode_step_over_floor=med(d[0] / f for d, f in zip(decode, floor, strict=True)),
     )
     return s, runs
 

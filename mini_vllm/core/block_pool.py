@@ -1,8 +1,8 @@
 """The pool of KV-cache blocks: allocate, free, touch, and the prefix cache.
 
 Mirrors upstream ``vllm/v1/core/block_pool.py`` at v0.22.1 (``BlockPool`` at
-:130, ``BlockHashToBlockMap`` at :34). Left out: KV events, metrics
-collector, group ids in hash keys.
+:130, ``BlockHashToBlockMap`` at :34).
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - block 0 is the null block: never allocated, never freed, never cached;
@@ -12,10 +12,6 @@ Invariants kept:
   evicts it;
 - several blocks may carry the same hash (no de-duplication, so a running
   request's block table is append-only); lookups return the oldest.
-
-``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 02's labs hollow
-out (02.2: the null block, allocation, eviction, touch, free; 02.3: the
-prefix cache's lookup and registration).
 """
 
 from __future__ import annotations
@@ -41,6 +37,7 @@ class BlockPool:
         # a dict always gives the same lookups with one code path.
         self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
         # BEGIN LAB 02.2: the block pool: reserve the null block (block 0)
+        # HINT: receives self.free_block_queue; leaves self.null_block set.
         # HINT: block 0 is a placeholder that is never handed out, freed or cached:
         # HINT: take it out of the free queue for good and mark it (is_null).
         self.null_block = self.free_block_queue.popleft()
@@ -48,6 +45,7 @@ class BlockPool:
         # END LAB 02.2
 
     # BEGIN LAB 02.3: prefix cache: look a block hash up
+    # mirrors vllm/v1/core/block_pool.py:184-209
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """A block cached under ``block_hash``, or ``None``.
 
@@ -61,6 +59,7 @@ class BlockPool:
     # END LAB 02.3
 
     # BEGIN LAB 02.3: register newly full blocks in the prefix cache
+    # mirrors vllm/v1/core/block_pool.py:211-331
     def cache_full_blocks(
         self,
         request: Request,
@@ -91,6 +90,7 @@ class BlockPool:
     # END LAB 02.3
 
     # BEGIN LAB 02.2: allocate blocks from the front of the free queue
+    # mirrors vllm/v1/core/block_pool.py:333-363
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` blocks off the front of the free queue.
 
@@ -114,6 +114,7 @@ class BlockPool:
     # END LAB 02.2
 
     # BEGIN LAB 02.2: evict a block from the prefix cache
+    # mirrors vllm/v1/core/block_pool.py:365-400
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
         """Drop ``block`` from the prefix cache if it is in it; True if it was.
 
@@ -136,6 +137,7 @@ class BlockPool:
     # END LAB 02.2
 
     # BEGIN LAB 02.2: take a reference on blocks another request cached
+    # mirrors vllm/v1/core/block_pool.py:402-417
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Take a reference on prefix-cache hits, pulling free ones out of the queue.
 
@@ -152,6 +154,7 @@ class BlockPool:
     # END LAB 02.2
 
     # BEGIN LAB 02.2: release blocks, keeping their eviction order
+    # mirrors vllm/v1/core/block_pool.py:419-433
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block; blocks reaching zero join the
         back of the free queue in the given order (first = evicted first).
@@ -185,6 +188,7 @@ class BlockPool:
             block.reset_hash()
         return True
 
+    # mirrors vllm/v1/core/block_pool.py:489-495
     def get_num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks
 

@@ -3,14 +3,11 @@
 Mirrors upstream ``vllm/v1/core/kv_cache_manager.py`` at v0.22.1
 (``KVCacheBlocks`` at :26, ``KVCacheManager`` at :110,
 ``get_computed_blocks`` at :194, ``allocate_slots`` at :236, ``free`` at
-:429) together with the two layers upstream puts beneath it for a model with
-one full-attention KV-cache group: ``UnitaryKVCacheCoordinator``
-(kv_cache_coordinator.py:324) and ``SingleTypeKVCacheManager``
-(single_type_kv_cache_manager.py:31) through its subclass
-``FullAttentionManager`` (single_type_kv_cache_manager.py:481). mini_vllm folds those into
-this one class because it only ever has one group of full attention.
-Left out: sliding-window/Mamba/cross-attention managers, KV connectors and
-external tokens, EAGLE's dropped last block, KV events.
+:429), with the two layers upstream puts beneath it for one full-attention
+KV-cache group folded in: ``UnitaryKVCacheCoordinator``
+(kv_cache_coordinator.py:324) and ``FullAttentionManager``
+(single_type_kv_cache_manager.py:481).
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - ``allocate_slots`` either allocates everything the step needs or returns
@@ -21,10 +18,6 @@ Invariants kept:
   allocated, capped at ``request.num_tokens`` (tokens that really exist);
 - a hit never covers the whole prompt: the last token is always recomputed
   so the model produces logits for it.
-
-``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 02's labs hollow
-out (02.3: the prefix lookup and caching full blocks; 02.4: the block
-count, ``allocate_slots`` and ``free``).
 """
 
 from __future__ import annotations
@@ -34,12 +27,9 @@ from dataclasses import dataclass
 
 from mini_vllm.core.block_pool import BlockPool
 from mini_vllm.core.kv_cache_utils import KVCacheBlock
+from mini_vllm.kv_cache_interface import cdiv
 from mini_vllm.metrics.stats import PrefixCacheStats
 from mini_vllm.request import Request
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass
@@ -79,12 +69,14 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.block_pool.get_usage()
 
+    # mirrors vllm/v1/core/kv_cache_manager.py:182-192
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
         """Return the stats gathered since the last call, and start afresh."""
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
 
     # BEGIN LAB 02.3: prefix cache: the longest cached prefix of a request
+    # mirrors vllm/v1/core/kv_cache_manager.py:194-234
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """Longest run of cached full blocks that starts the request's tokens.
 
@@ -143,6 +135,7 @@ class KVCacheManager:
     # END LAB 02.4
 
     # BEGIN LAB 02.4: give a request slots for its next tokens, or None
+    # mirrors vllm/v1/core/kv_cache_manager.py:236-427
     def allocate_slots(
         self,
         request: Request,
@@ -236,6 +229,7 @@ class KVCacheManager:
     # END LAB 02.3
 
     # BEGIN LAB 02.4: release a request's blocks, tail first
+    # mirrors vllm/v1/core/kv_cache_manager.py:429-437
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so that the end of a
         prefix is evicted before its beginning.

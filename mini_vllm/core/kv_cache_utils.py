@@ -3,26 +3,17 @@
 Mirrors upstream ``vllm/v1/core/kv_cache_utils.py`` at v0.22.1:
 ``KVCacheBlock`` (:116), ``FreeKVCacheBlockQueue`` (:164),
 ``hash_block_tokens`` (:541), ``get_request_block_hasher`` (:637),
-``init_none_hash`` (:97). Left out: KV-cache group ids packed into the hash
-key (mini_vllm has one group), extra hash keys (LoRA, multimodal, cache
-salt), the KV-cache sizing helpers. The hash functions are in
-``mini_vllm/utils/hashing.py``.
+``init_none_hash`` (:97); the hash functions are in ``mini_vllm/utils/hashing.py``.
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - a block is in the free queue exactly when ``ref_cnt == 0`` and it is not
   the null block;
 - the free queue is a doubly linked list threaded through the blocks
   themselves, so removing a block from the middle is O(1);
-- a block hash chains its parent's hash, so equal hashes mean equal prefixes.
-
-``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 02's labs hollow
-out (02.1: the queue's operations; 02.3: block hashing).
-
-Difference: both seed the chain with ``hash_fn(PYTHONHASHSEED)``; when the
-variable is unset upstream draws ``os.urandom(32)`` and mini_vllm uses
-``hash_fn("0")``, so its hashes are reproducible and equal upstream's run with
-PYTHONHASHSEED=0. ``NONE_HASH`` is seeded with ``sha256`` at import (upstream
-leaves it unset until ``init_none_hash``).
+- a block hash chains its parent's hash, so equal hashes mean equal prefixes;
+  the chain starts from ``hash_fn(PYTHONHASHSEED)``, or ``hash_fn("0")`` when
+  the variable is unset (upstream then draws random bytes).
 """
 
 from __future__ import annotations
@@ -112,6 +103,7 @@ class FreeKVCacheBlockQueue:
         self.fake_free_list_tail.prev_free_block = prev
 
     # BEGIN LAB 02.1: the free-block queue: a doubly linked list in eviction order
+    # mirrors vllm/v1/core/kv_cache_utils.py:216-251
     def popleft(self) -> KVCacheBlock:
         """Take the front block (the next to evict) out of the queue and return it.
 
@@ -130,6 +122,7 @@ class FreeKVCacheBlockQueue:
     # END LAB 02.1
 
     # BEGIN LAB 02.1: pop n blocks at once
+    # mirrors vllm/v1/core/kv_cache_utils.py:253-284
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Take the ``n`` front blocks out of the queue, front first.
 
@@ -156,6 +149,7 @@ class FreeKVCacheBlockQueue:
     # END LAB 02.1
 
     # BEGIN LAB 02.1: remove a block from the middle in O(1)
+    # mirrors vllm/v1/core/kv_cache_utils.py:286-304
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink ``block`` from wherever it sits in the queue, in O(1).
 
@@ -175,6 +169,7 @@ class FreeKVCacheBlockQueue:
     # END LAB 02.1
 
     # BEGIN LAB 02.1: append one block at the back
+    # mirrors vllm/v1/core/kv_cache_utils.py:306-327
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the back of the queue (the last to be evicted)."""
         self.append_n([block])
@@ -182,6 +177,7 @@ class FreeKVCacheBlockQueue:
     # END LAB 02.1
 
     # BEGIN LAB 02.1: append blocks at the back, in order
+    # mirrors vllm/v1/core/kv_cache_utils.py:329-352
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         """Put ``blocks`` at the back of the queue, keeping their order:
         ``blocks[0]`` will be evicted before ``blocks[1]``, and all of them
@@ -203,6 +199,7 @@ class FreeKVCacheBlockQueue:
 
     # END LAB 02.1
 
+    # mirrors vllm/v1/core/kv_cache_utils.py:354-372
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """All free blocks, front (next to evict) first. For tests and plots."""
         ret = []
@@ -214,6 +211,7 @@ class FreeKVCacheBlockQueue:
 
 
 # BEGIN LAB 02.3: prefix cache: hash one full block, chained on its parent's hash
+# mirrors vllm/v1/core/kv_cache_utils.py:541-568
 def hash_block_tokens(
     hash_function: Callable[[Any], bytes],
     parent_block_hash: BlockHash | None,
@@ -236,6 +234,7 @@ def hash_block_tokens(
 # END LAB 02.3
 
 
+# mirrors vllm/v1/core/kv_cache_utils.py:637-688
 def get_request_block_hasher(
     block_size: int, caching_hash_fn: Callable[[Any], bytes] = sha256
 ) -> Callable[[Request], list[BlockHash]]:
@@ -243,6 +242,7 @@ def get_request_block_hasher(
 
     def request_block_hasher(request: Request) -> list[BlockHash]:
         # BEGIN LAB 02.3: hash the blocks that became full since the last call
+        # HINT: receives request, block_size, caching_hash_fn; returns the new hashes.
         # HINT: request.block_hashes already holds one hash per block hashed before;
         # HINT: hash only whole blocks of request.all_token_ids after those, each
         # HINT: chained on the previous one (the last known hash, or None at the start).

@@ -69,7 +69,9 @@ class EngineCore:
         )
         self.model_runner = GPUModelRunner(model, cache.block_size, device)
         scheduler_cls = resolve_scheduler_cls(vllm_config.scheduler_config.scheduler_cls)
-        self.scheduler = scheduler_cls(vllm_config)
+        # Stats on, unlike upstream's default: LLMEngine.get_stats adds up the
+        # prefix-cache counts they carry.
+        self.scheduler = scheduler_cls(vllm_config, log_stats=True)
         # Running totals for reports and tests.
         self.num_steps = 0
         self.num_preemptions = 0
@@ -105,7 +107,7 @@ class EngineCore:
         runner = self.model_runner
         runner.requests = {r: s for r, s in runner.requests.items() if r in self.scheduler.requests}
 
-    # BEGIN LAB 01.2
+    # BEGIN LAB 01.2: EngineCore.step: schedule, run the model, update from its output
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, take in its output: one engine step.
 

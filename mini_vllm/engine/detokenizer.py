@@ -136,7 +136,8 @@ class IncrementalDetokenizer:
         return self.output_text[:-buffer_length]
 
 
-# BEGIN LAB 01.3
+# BEGIN LAB 01.3: check_stop_strings: find a stop string in the new text
+# mirrors vllm/v1/engine/detokenizer.py:309-344
 def check_stop_strings(
     output_text: str, new_char_count: int, stop: list[str], include_in_output: bool
 ) -> tuple[str, int] | None:

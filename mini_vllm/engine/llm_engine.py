@@ -3,8 +3,9 @@
 Mirrors upstream ``vllm/v1/engine/llm_engine.py`` (``LLMEngine`` :47:
 ``add_request`` :209, ``step`` :287, ``abort_request`` :203,
 ``has_unfinished_requests`` :182) at v0.22.1. ``record_stats`` stands in for
-upstream's stats loggers (``logger_manager.record`` inside ``step``). Left out: the engine-core client/process split, multiple
-engines, stats loggers, LoRA, pooling, n > 1.
+upstream's stats loggers (``logger_manager.record`` inside ``step``). Left out:
+the engine-core client/process split, multiple engines, stats loggers, LoRA,
+pooling, n > 1.
 
 Pieces, in the order a request meets them: InputProcessor (tokenize,
 validate, build the Request) -> EngineCore (scheduler + model runner) ->
@@ -166,15 +167,12 @@ class LLMEngine:
         if stats is None:
             return
         total, new = self.prefix_cache_stats, stats.prefix_cache_stats
-        for name in (
-            "requests",
-            "queries",
-            "hits",
-            "preempted_requests",
-            "preempted_queries",
-            "preempted_hits",
-        ):
-            setattr(total, name, getattr(total, name) + getattr(new, name))
+        total.requests += new.requests
+        total.queries += new.queries
+        total.hits += new.hits
+        total.preempted_requests += new.preempted_requests
+        total.preempted_queries += new.preempted_queries
+        total.preempted_hits += new.preempted_hits
 
     def get_stats(self) -> dict:
         """Totals since start: steps, preemptions, tokens, prefix-cache hits."""

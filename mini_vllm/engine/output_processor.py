@@ -127,7 +127,7 @@ class OutputProcessor:
                     finish_reason, stop_reason = FinishReason.STOP, stop_string
             if state.logprobs is not None and out.new_logprobs:
                 for ids, vals, _rank in out.new_logprobs:
-                    state.logprobs.append(dict(zip(ids, vals)))
+                    state.logprobs.append(dict(zip(ids, vals, strict=True)))
                     state.cumulative_logprob += vals[0]
             finish_reason = str(finish_reason) if finish_reason is not None else None
             results.request_outputs.append(state.make_output(finish_reason, stop_reason))

@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             left = _column("student", *found)
         else:
             out += [
-                f"No labs starter defines {qual}: the student's code inherits the reference's, shown left.",
+                f"No labs starter defines {qual}: the student's code inherits the reference's, "
+                "shown left.",
                 "",
             ]
     right = _column("upstream 0.22.1", up_path, up_node, mark=row.line)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,10 +128,14 @@ def starter_module_name(phase: str, reference: Path) -> str:
 
 # ------------------------------------------------------------------ starters
 
+LINE_LENGTH = 100  # the project's (pyproject.toml): starters are linted like the rest
+FIRST_PARTY = {"mini_vllm", LABS_PACKAGE}
+
 
 def _owner(tree: ast.Module, region: Region):
-    """(class name or None, function node) of the function a region lives in
-    or is. Line numbers in ``ast`` are 1-based; region indices are 0-based."""
+    """(class name or None, function node, whole) for the function a region
+    lives in or is. Line numbers in ``ast`` are 1-based; region indices are
+    0-based."""
     first, last = region.begin + 2, region.end  # the lines between the markers
     candidates = []
     for node in tree.body:
@@ -150,10 +155,100 @@ def _owner(tree: ast.Module, region: Region):
     )
 
 
+def _inside(line: int, region: Region) -> bool:
+    """Whether 1-based ``line`` lies between a region's markers."""
+    return region.begin + 1 < line < region.end + 1
+
+
+def region_contract(fn: ast.FunctionDef, region: Region) -> list[str]:
+    """The names a region inside a function body must leave defined: those it
+    binds that the rest of the function reads (after it, or anywhere in a loop
+    around it). Its first ``# HINT:`` must name each of them."""
+    loops = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, (ast.For, ast.While))
+        and n.lineno <= region.begin
+        and region.end + 1 <= n.end_lineno
+    ]
+    bound, read_later = set(), set()
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Name):
+            continue
+        if _inside(node.lineno, region):
+            if isinstance(node.ctx, ast.Store):
+                bound.add(node.id)
+        elif isinstance(node.ctx, ast.Load) and (
+            node.lineno > region.end
+            or any(loop.lineno <= node.lineno <= loop.end_lineno for loop in loops)
+        ):
+            read_later.add(node.id)
+    return sorted(bound & read_later)
+
+
+def _first_hint(lines: list[str], region: Region) -> str:
+    """The region's first hint sentence (it may run over several HINT lines)."""
+    text = " ".join(
+        HINT.sub("", line).strip()
+        for line in lines[region.begin + 1 : region.end]
+        if HINT.match(line)
+    )
+    return re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+
+
+def _check_contract(lines: list[str], region: Region, names: list[str], where: str) -> None:
+    first = _first_hint(lines, region)
+    missing = [n for n in names if not re.search(rf"\b{re.escape(n)}\b", first)]
+    if missing:
+        raise RegionError(
+            f"{where}:{region.begin + 1}: LAB {region.lab}'s first HINT sentence must name what "
+            f"the region leaves defined for the code after it: {', '.join(missing)} "
+            f"(first HINT sentence: {first!r})"
+        )
+
+
+def _quote(text: str) -> str:
+    """A string literal as ruff format writes it (double quotes unless the
+    text holds a double quote and no single one)."""
+    if '"' in text and "'" not in text:
+        return "'" + text.replace("\\", "\\\\") + "'"
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _raise_lines(indent: str, message: str) -> list[str]:
+    """``raise NotImplementedError(message)`` as ruff format writes it: on one
+    line if it fits, else the message in pieces of at most LINE_LENGTH."""
+    one = f"{indent}raise NotImplementedError({_quote(message)})"
+    if len(one) <= LINE_LENGTH:
+        return [one]
+    inner = indent + " " * 4
+    if len(inner + _quote(message)) <= LINE_LENGTH:
+        return [f"{indent}raise NotImplementedError(", inner + _quote(message), indent + ")"]
+    chunks, words = [], message.split(" ")
+    current = words.pop(0)
+    for word in words:
+        if len(inner) + len(_quote(current + " " + word + " ")) > LINE_LENGTH:
+            chunks.append(current + " ")
+            current = word
+        else:
+            current += " " + word
+    chunks.append(current)
+    pieces = [inner + _quote(c) for c in chunks]
+    return [f"{indent}raise NotImplementedError(", *pieces, indent + ")"]
+
+
 def _stub(
-    lines: list[str], region: Region, fn: ast.FunctionDef, whole: bool, starter_path: str
+    lines: list[str],
+    region: Region,
+    fn: ast.FunctionDef,
+    whole: bool,
+    starter_path: str,
+    read_outside: set[str],
 ) -> list[str]:
-    """The starter's replacement for a region's code (markers excluded)."""
+    """The starter's replacement for a region's code (markers excluded): the
+    ``def`` line and docstring of a whole-function region, the hints, a
+    placeholder for each name of its contract that the starter reads outside
+    the regions and nothing else binds, and the ``raise``."""
     body = lines[region.begin + 1 : region.end]
     kept: list[str] = []
     indent = region.indent
@@ -163,25 +258,293 @@ def _stub(
         kept = lines[region.begin + 1 : head_end]
         indent = " " * fn.body[0].col_offset
     kept += [line for line in body if HINT.match(line)]
-    message = (
-        f"Lab {region.lab}: {region.title} ({starter_path})"
-        if region.title
-        else f"Lab {region.lab} ({starter_path})"
-    )
-    kept.append(f"{indent}raise NotImplementedError({message!r})")
+    if not whole:
+        bound_outside = {
+            n.id
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Name)
+            and isinstance(n.ctx, ast.Store)
+            and not _inside(n.lineno, region)
+        } | {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+        kept += [
+            f"{indent}{name} = None  # yours to set: the code after the region reads it"
+            for name in region_contract(fn, region)
+            if name not in bound_outside and name in read_outside
+        ]
+    message = f"Lab {region.lab}: {region.title}" if region.title else f"Lab {region.lab}"
+    kept += _raise_lines(indent, f"{message} ({starter_path})")
+    if whole:  # the blank lines between the function and its END marker
+        kept += [""] * (len(body) - len("\n".join(body).rstrip("\n").split("\n")))
     return kept
 
 
-def _names_used(nodes) -> set[str]:
+def _read_outside(fn: ast.FunctionDef, regions: list[Region]) -> set[str]:
+    """The names the function reads outside its (in-body) regions."""
+    return {
+        n.id
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Name)
+        and isinstance(n.ctx, ast.Load)
+        and not any(_inside(n.lineno, r) for r in regions)
+    }
+
+
+def _unused_outside(fn: ast.FunctionDef, regions: list[Region]) -> dict[int, str]:
+    """{line: rule} for the lines outside the regions that bind a name only a
+    region reads: with the regions hollowed out, ruff would call it unused
+    (F841 for an assignment, B007 for a loop variable)."""
+
+    def in_region(node: ast.AST) -> bool:
+        return any(_inside(node.lineno, r) for r in regions)
+
+    read_outside = _read_outside(fn, regions)
+    flagged: dict[int, str] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and not in_region(node):
+            if isinstance(node, ast.AnnAssign) and node.value is None:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            targets = [t for t in targets if isinstance(t, ast.Name)]
+            if any(t.id not in read_outside for t in targets):
+                flagged[node.lineno] = "F841"
+        elif isinstance(node, ast.For) and not in_region(node):
+            names = [n for n in ast.walk(node.target) if isinstance(n, ast.Name)]
+            if any(n.id not in read_outside for n in names):
+                flagged[node.lineno] = "B007"
+    return flagged
+
+
+def _function_text(
+    lines: list[str], fn: ast.FunctionDef, regions: list[tuple[Region, bool]], starter_path: str
+) -> list[str]:
+    """A holed function as the starter shows it: the reference's lines, each
+    region replaced by its stub."""
+    start = min([fn.lineno] + [d.lineno for d in fn.decorator_list]) - 1
+    end = fn.end_lineno
+    for region, whole in regions:
+        if whole:
+            start, end = min(start, region.begin), max(end, region.end + 1)
+    lines = list(lines)
+    in_body = [r for r, whole in regions if not whole]
+    read_outside = _read_outside(fn, in_body)
+    for lineno, rule in _unused_outside(fn, in_body).items():
+        line = lines[lineno - 1]
+        if m := re.search(
+            r"# noqa: ([A-Z]+[0-9]+(?:, ?[A-Z]+[0-9]+)*)", line
+        ):  # one noqa comment per line
+            lines[lineno - 1] = line[: m.end(1)] + f", {rule}" + line[m.end(1) :]
+        else:
+            lines[lineno - 1] = line + f"  # noqa: {rule} (a lab region reads it)"
+    out, i = [], start
+    for region, whole in regions:
+        out += lines[i : region.begin + 1]
+        out += _stub(lines, region, fn, whole, starter_path, read_outside)
+        out.append(lines[region.end])
+        i = region.end + 1
+    out += lines[i:end]
+    return out
+
+
+def _names_used(text: str) -> set[str]:
+    """The names a piece of code reads, quoted annotations included."""
     names = set()
-    for node in nodes:
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Name):
-                names.add(sub.id)
-            elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-                # String annotations (`from __future__ import annotations`).
-                names.update(re.findall(r"[A-Za-z_]\w*", sub.value))
+    for sub in ast.walk(ast.parse(text)):
+        if isinstance(sub, ast.Name):
+            names.add(sub.id)
+        annotations = []
+        if isinstance(sub, ast.arg | ast.AnnAssign):
+            annotations.append(sub.annotation)
+        elif isinstance(sub, ast.FunctionDef):
+            annotations.append(sub.returns)
+        for ann in annotations:
+            if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
+                names |= _names_used(ann.value)
     return names
+
+
+def _section(module: str) -> int:
+    """isort's sections, as ruff orders them: future, stdlib, third party, first party."""
+    top = module.split(".")[0]
+    if top == "__future__":
+        return 0
+    if top in sys.stdlib_module_names:
+        return 1
+    return 3 if top in FIRST_PARTY else 2
+
+
+def _member_key(name: str) -> tuple:
+    """isort's order-by-type: CONSTANTS, then Classes, then everything else."""
+    kind = 0 if len(name) > 1 and name.isupper() else 1 if name[:1].isupper() else 2
+    return kind, name.lower(), name
+
+
+def _import_lines(node: ast.Import | ast.ImportFrom, comment: str = "") -> list[str]:
+    """One import statement, its names sorted, wrapped as ruff format wraps it."""
+    aliases = sorted(node.names, key=lambda a: _member_key(a.asname or a.name))
+    names = [a.name + (f" as {a.asname}" if a.asname else "") for a in aliases]
+    if isinstance(node, ast.Import):
+        return [f"import {n}{comment}" for n in names]
+    one = f"from {node.module} import {', '.join(names)}"
+    if len(one) <= LINE_LENGTH:  # ruff leaves a trailing pragma comment out of the width
+        return [one + comment]
+    return [f"from {node.module} import ({comment}", *[f"    {n}," for n in names], ")"]
+
+
+def _import_block(statements: list[tuple[ast.Import | ast.ImportFrom, str]]) -> list[str]:
+    """The starter's imports, sorted and grouped as ruff's isort rule wants them."""
+
+    def key(item):
+        node, _ = item
+        module = node.names[0].name if isinstance(node, ast.Import) else node.module
+        return _section(module), isinstance(node, ast.ImportFrom), module.lower(), module
+
+    out: list[str] = []
+    section = None
+    for node, comment in sorted(statements, key=key):
+        this = key((node, comment))[0]
+        if section is not None and this != section:
+            out.append("")
+        section = this
+        out += _import_lines(node, comment)
+    return out
+
+
+def _imports(
+    tree: ast.Module, used: set[str], region_used: set[str], siblings: set[str], phase: str
+) -> list[tuple[ast.Import | ast.ImportFrom, bool, str]]:
+    """The reference's imports that the starter's code or the reference's
+    regions use, sibling modules redirected to their starters; (statement,
+    under ``if TYPE_CHECKING``, comment). A name only a region uses is kept for
+    the student's code, with a noqa: the hollow starter does not read it."""
+    found = [(n, False) for n in tree.body]
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            found += [(n, True) for n in node.body]
+    out = []
+    for node, type_checking in found:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            continue
+        names = [(a.asname or a.name).split(".")[0] for a in node.names]
+        keep = [a for a, n in zip(node.names, names, strict=True) if n in used | region_used]
+        if not keep:
+            continue
+        for_regions = any(n not in used for n in names if n in region_used)
+        comment = "  # noqa: F401 (a lab region uses it)" if for_regions else ""
+        if isinstance(node, ast.ImportFrom):
+            module = node.module
+            if module in siblings:
+                path = REPO_ROOT / Path(*module.split(".")).with_suffix(".py")
+                module = starter_module_name(phase, path)
+            node = ast.ImportFrom(module=module, names=keep, level=0)
+        else:
+            node = ast.Import(names=keep)
+        out.append((node, type_checking, comment))
+    return out
+
+
+def _header(phase: str, rel: str, regions: list[Region]) -> list[str]:
+    """The starter's docstring: how to work in it, and every region of every lab."""
+    by_lab: dict[str, list[str]] = {}
+    for region in regions:
+        by_lab.setdefault(region.lab, []).append(region.title or "(untitled)")
+    listing = []
+    for lab, titles in sorted(by_lab.items(), key=lambda kv: int(kv[0].split(".")[1])):
+        listing.append(f"- {lab} (``make check-lab-{lab}``):")
+        listing += [f"  - {title}" for title in titles]
+    return [
+        f'"""Phase {phase} lab starter, generated from',
+        f"``{rel}``.",
+        "",
+        "Write your code between the ``# BEGIN LAB`` and ``# END LAB`` markers (keep the",
+        "markers), then grade it with the lab's command below. Everything outside the",
+        "regions is the reference's: the imports below bring it in, and each class",
+        "here subclasses the reference class, re-opening only the methods that hold",
+        "a lab. The hints are comments starting with ``# HINT:``; a region's first hint",
+        "says what it receives and what it must leave defined for the code after it.",
+        "",
+        "Labs in this file, region by region:",
+        *listing,
+        "",
+        "Generated by ``python -m mini_vllm.grading generate``.",
+        '"""',
+        "",
+    ]
+
+
+def _holed_functions(tree: ast.Module, lines: list[str], regions: list[Region], rel: str):
+    """{(class or None, function name): (function node, [(region, whole)])}, in
+    source order; each in-body region's contract is checked on the way."""
+    owners: dict[tuple[str | None, str], tuple[ast.FunctionDef, list]] = {}
+    for region in regions:
+        cls, fn, whole = _owner(tree, region)
+        if not whole:
+            _check_contract(lines, region, region_contract(fn, region), rel)
+        owners.setdefault((cls, fn.name), (fn, []))[1].append((region, whole))
+    return owners
+
+
+def _body(owners, lines: list[str], phase: str, starter_path: str) -> list[str]:
+    """The holed functions, each class re-opened as a subclass of the reference's."""
+    body: list[str] = []
+    opened: set[str] = set()
+    for (cls, _), (fn, regions) in owners.items():
+        if cls is None:
+            body += ["", ""] + _function_text(lines, fn, regions, starter_path)
+            continue
+        if cls not in opened:
+            opened.add(cls)
+            body += [
+                "",
+                "",
+                f"class {cls}(_reference.{cls}):",
+                f'    """The reference ``{cls}`` with its Phase {phase} lab methods re-opened."""',
+            ]
+        body += [""] + _function_text(lines, fn, regions, starter_path)
+    return body
+
+
+def _reexported(tree: ast.Module, holed: set[str]) -> list[str]:
+    """Everything else the reference module defines at top level, so that the
+    starter can stand in for it."""
+    names = []
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef | ast.ClassDef):
+            if n.name not in holed:
+                names.append(n.name)
+        elif isinstance(n, ast.Assign) and len(n.targets) == 1:
+            if isinstance(n.targets[0], ast.Name):
+                names.append(n.targets[0].id)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            names.append(n.target.id)
+    return names
+
+
+def _starter_imports(tree, owners, body, modname: str, siblings: set[str], phase: str):
+    """The starter's import lines: the reference's imports it needs, the
+    reference module as ``_reference`` when a class is re-opened, and a
+    re-export of everything the starter does not redefine."""
+    used = _names_used("\n".join(body))
+    region_used = _names_used("\n".join(ast.unparse(fn) for fn, _ in owners.values()))
+    imports = _imports(tree, used, region_used, siblings, phase)
+    if any(type_checking for _, type_checking, _ in imports):
+        imports = _imports(tree, used | {"TYPE_CHECKING"}, region_used, siblings, phase)
+    statements = [(node, comment) for node, type_checking, comment in imports if not type_checking]
+    holed_classes = {cls for cls, _ in owners if cls}
+    if holed_classes:
+        package, _, leaf = modname.rpartition(".")
+        statements.append((ast.ImportFrom(package, [ast.alias(leaf, "_reference")], 0), ""))
+    holed = holed_classes | {name for cls, name in owners if cls is None}
+    if others := _reexported(tree, holed):
+        node = ast.ImportFrom(modname, [ast.alias(n) for n in others], 0)
+        statements.append((node, "  # noqa: F401"))
+    lines = ["from __future__ import annotations", "", *_import_block(statements)]
+    type_checking = [(node, comment) for node, tc, comment in imports if tc]
+    if type_checking:
+        lines += ["", "if TYPE_CHECKING:"]
+        lines += ["    " + line for line in _import_block(type_checking)]
+    return lines
 
 
 def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
@@ -193,114 +556,15 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
     text = reference.read_text()
     lines = text.splitlines()
     rel = str(reference.relative_to(REPO_ROOT))
-    starter_path = f"{LABS_PACKAGE}/{starter_relpath(phase, reference)}"
     tree = ast.parse(text)
-    all_regions = find_regions(lines, rel)
-    if [r for r in all_regions if r.phase != phase]:
+    regions = find_regions(lines, rel)
+    if [r for r in regions if r.phase != phase]:
         raise RegionError(f"{rel}: regions of several phases in one module are not supported")
-
-    # Function -> its regions, in source order.
-    owners: dict[tuple[str | None, str], tuple[ast.FunctionDef, list]] = {}
-    for region in all_regions:
-        cls, fn, whole = _owner(tree, region)
-        owners.setdefault((cls, fn.name), (fn, []))[1].append((region, whole))
-
-    def function_text(fn, regions) -> list[str]:
-        start = min([fn.lineno] + [d.lineno for d in fn.decorator_list]) - 1
-        end = fn.end_lineno
-        for region, whole in regions:
-            if whole:
-                start, end = min(start, region.begin), max(end, region.end + 1)
-        out, i = [], start
-        for region, whole in regions:
-            out += lines[i : region.begin + 1]
-            out += _stub(lines, region, fn, whole, starter_path)
-            out.append(lines[region.end])
-            i = region.end + 1
-        out += lines[i:end]
-        return out
-
-    holed_classes = {cls for cls, _ in owners if cls}
-    holed_functions = {name for cls, name in owners if cls is None}
-    used = _names_used(fn for fn, _ in owners.values())
-
-    # Imports: the reference's own, pruned to what the holes' functions use.
-    imports = ["from __future__ import annotations", ""]
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            keep = [a for a in node.names if (a.asname or a.name).split(".")[0] in used]
-            if not keep:
-                continue
-            if isinstance(node, ast.ImportFrom) and node.module in siblings:
-                node = ast.ImportFrom(
-                    module=starter_module_name(
-                        phase, REPO_ROOT / Path(*node.module.split(".")).with_suffix(".py")
-                    ),
-                    names=keep,
-                    level=0,
-                )
-            else:
-                node = type(node)(**{**{f: getattr(node, f) for f in node._fields}, "names": keep})
-            imports.append(ast.unparse(node))
-    modname = module_name(reference)
-    if holed_classes:
-        package, _, leaf = modname.rpartition(".")
-        imports.append(f"from {package} import {leaf} as _reference")
-    others = [
-        n.name if not isinstance(n, ast.Assign) else n.targets[0].id
-        for n in tree.body
-        if (
-            isinstance(n, (ast.FunctionDef, ast.ClassDef))
-            and n.name not in holed_functions
-            and n.name not in holed_classes
-        )
-        or (
-            isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
-        )
-    ]
-    if others:
-        imports.append(f"from {modname} import {', '.join(others)}  # noqa: F401")
-
-    labs = {}
-    for region in all_regions:
-        labs.setdefault(region.lab, region.title)
-    doc = [
-        '"""Phase {} lab starter, generated from ``{}``.'.format(phase, rel),
-        "",
-        "Write your code between the ``# BEGIN LAB`` and ``# END LAB`` markers (keep the",
-        "markers), then grade it with the lab's command below. Everything outside the",
-        "regions is the reference's: the imports below bring it in, and each class",
-        "here subclasses the reference class, re-opening only the methods that hold",
-        "a lab. The hints are comments starting with ``# HINT:``.",
-        "",
-        "Labs in this file:",
-        *[
-            f"- {lab}: {title} (``make check-lab-{lab}``)"
-            for lab, title in sorted(labs.items(), key=lambda kv: int(kv[0].split(".")[1]))
-        ],
-        "",
-        "Generated by ``python -m mini_vllm.grading generate``.",
-        '"""',
-        "",
-    ]
-    body: list[str] = []
-    done_classes: set[str] = set()
-    for (cls, _), (fn, regions) in owners.items():
-        if cls is None:
-            body += ["", ""] + function_text(fn, regions)
-            continue
-        if cls not in done_classes:
-            done_classes.add(cls)
-            body += [
-                "",
-                "",
-                f"class {cls}(_reference.{cls}):",
-                f'    """The reference ``{cls}`` with its Phase {phase} lab methods re-opened."""',
-            ]
-        body += [""] + function_text(fn, regions)
-    return "\n".join(doc + imports + body) + "\n"
+    owners = _holed_functions(tree, lines, regions, rel)
+    starter_path = f"{LABS_PACKAGE}/{starter_relpath(phase, reference)}"
+    body = _body(owners, lines, phase, starter_path)
+    imports = _starter_imports(tree, owners, body, module_name(reference), siblings, phase)
+    return "\n".join(_header(phase, rel, regions) + imports + body) + "\n"
 
 
 def starters(phase: str) -> dict[Path, str]:
@@ -310,10 +574,8 @@ def starters(phase: str) -> dict[Path, str]:
     names = [p.name for p in modules]
     if len(set(names)) != len(names):
         raise RegionError(f"phase {phase}: two reference modules share a file name: {names}")
-    out = {
-        Path(f"phase_{phase}")
-        / "__init__.py": f'"""Phase {phase} lab starters (generated; see each module\'s docstring)."""\n'
-    }
+    init = f'"""Phase {phase} lab starters (generated; see each module\'s docstring)."""\n'
+    out = {Path(f"phase_{phase}") / "__init__.py": init}
     for path in modules:
         out[starter_relpath(phase, path)] = make_starter(path, phase, siblings)
     return out

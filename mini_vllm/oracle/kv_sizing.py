@@ -1,6 +1,7 @@
 """Upstream's KV-cache sizing, recorded on real model configs.
 
-    python -m mini_vllm.oracle record --only kv_sizing   # re-record tests/snapshots/kv_sizing/upstream.json
+    # re-record tests/snapshots/kv_sizing/upstream.json:
+    python -m mini_vllm.oracle record --only kv_sizing
 
 For each case (a model from mini_vllm/benchmarks/data/model_configs.json,
 a block size, a dtype, a byte budget, a request length, optionally

@@ -20,7 +20,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 import mini_vllm.testing as mini
-from mini_vllm.core.kv_cache_manager import cdiv
+from mini_vllm.kv_cache_interface import cdiv
 from mini_vllm.oracle.kv_workload import KVDriver, KVWorkload
 
 

@@ -266,7 +266,7 @@ def first_kv_difference(
     width = max(len(a), len(b))
     keys = fields or tuple(FIELD_WORDS)
     prev = None
-    for i, (e, g) in enumerate(zip(expected["ops"], got["ops"])):
+    for i, (e, g) in enumerate(zip(expected["ops"], got["ops"], strict=False)):
         for key in keys:
             if e.get(key) != g.get(key):
                 before = (

@@ -268,7 +268,7 @@ def first_difference(
     expected: list[StepRecord], got: list[StepRecord], fields=FIELDS
 ) -> str | None:
     """The first step and field where two traces differ, in words; None if equal."""
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=False):
         for name in fields:
             ev, gv = getattr(e, name), getattr(g, name)
             if ev == gv:

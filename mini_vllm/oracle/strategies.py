@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from mini_vllm.core.kv_cache_manager import cdiv
+from mini_vllm.kv_cache_interface import cdiv
 from mini_vllm.oracle.workload import RequestSpec, Workload
 
 

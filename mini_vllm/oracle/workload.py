@@ -224,6 +224,7 @@ def describe_scheduler_output(out) -> dict:
                 cached.new_block_ids,
                 cached.num_computed_tokens,
                 cached.num_output_tokens,
+                strict=True,
             )
         ],
         "resumed": sorted(cached.resumed_req_ids),
@@ -254,7 +255,7 @@ def first_difference(expected: dict, got: dict, labels=("upstream", "mini_vllm")
     the two sides)."""
     a, b = labels
     width = max(len(a), len(b))
-    for i, (e, g) in enumerate(zip(expected["steps"], got["steps"])):
+    for i, (e, g) in enumerate(zip(expected["steps"], got["steps"], strict=False)):
         for key in FIELD_WORDS:
             if e.get(key) != g.get(key):
                 return (

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from mini_vllm.sample.metadata import SamplingMetadata
 
@@ -31,7 +32,9 @@ class SamplerOutput:
     logprobs: list[tuple[list[int], list[float], int]] | None = None
 
 
-class Sampler:
+class Sampler(nn.Module):
+    """An ``nn.Module`` as upstream's (vllm/v1/sample/sampler.py:20): call it to sample."""
+
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
         raw_logprobs = None
@@ -43,8 +46,6 @@ class Sampler:
         if raw_logprobs is not None:
             logprobs = self.gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
-
-    __call__ = forward
 
     @staticmethod
     def apply_min_tokens(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
@@ -76,7 +77,7 @@ class Sampler:
 
     @staticmethod
     def gather_logprobs(logprobs: torch.Tensor, num: int, sampled: torch.Tensor):
-        top_vals, top_ids = logprobs.topk(max(num, 0), dim=-1) if num > 0 else (None, None)
+        top_vals, top_ids = logprobs.topk(num, dim=-1) if num > 0 else (None, None)
         chosen = logprobs.gather(1, sampled.unsqueeze(1)).squeeze(1)
         # As upstream: the rank counts every token at least as likely, itself included.
         ranks = (logprobs >= chosen.unsqueeze(1)).sum(dim=-1)

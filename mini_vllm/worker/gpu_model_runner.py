@@ -21,6 +21,7 @@ away; the result is the same).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,6 +53,19 @@ class CachedRequestState:
     def token(self, i: int) -> int:
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
+
+
+@dataclass
+class PreparedInputs:
+    """One step's model inputs (``_prepare_inputs``); num_tokens is the
+    total number of scheduled tokens."""
+
+    req_ids: list[str]  # batch order: num_scheduled_tokens' order
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    attn_metadata: AttentionMetadata
+    sample_rows: list[int]  # indices into req_ids of the requests that sample
+    logits_indices: list[int]  # per sampling request, the row of its last token
 
 
 def _num_logprobs(params: SamplingParams, vocab_size: int) -> int:
@@ -103,54 +117,72 @@ class GPUModelRunner:
 
     # ---------------------------------------------------------------- inputs
 
-    def _prepare_inputs(self, so: SchedulerOutput):
+    def _prepare_inputs(self, so: SchedulerOutput) -> PreparedInputs:
+        """The step's flat batch: every scheduled request's new tokens, one
+        after another, in ``num_scheduled_tokens`` order."""
         req_ids = list(so.num_scheduled_tokens)
-        num_reqs = len(req_ids)
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        query_start_loc = [0]
-        seq_lens = []
-        sample_rows: list[int] = []  # index into req_ids of requests that sample
-        max_blocks = max(len(self.requests[r].block_ids) for r in req_ids)
-        block_table = np.zeros((num_reqs, max_blocks), dtype=np.int32)
-        for i, req_id in enumerate(req_ids):
-            state = self.requests[req_id]
-            n = so.num_scheduled_tokens[req_id]
-            start = state.num_computed_tokens
-            end = start + n
-            if end <= len(state.prompt_token_ids):
-                input_ids.extend(state.prompt_token_ids[start:end])
-            else:
-                input_ids.extend(state.token(p) for p in range(start, end))
-            positions.extend(range(start, end))
-            query_start_loc.append(query_start_loc[-1] + n)
-            seq_lens.append(end)
-            block_table[i, : len(state.block_ids)] = state.block_ids
-            if end == state.num_tokens:
-                sample_rows.append(i)
-        pos = np.asarray(positions, dtype=np.int64)
-        row_of_token = np.repeat(np.arange(num_reqs), np.diff(query_start_loc))
-        slot_mapping = block_table[row_of_token, pos // bs].astype(np.int64) * bs + pos % bs
+        states = [self.requests[r] for r in req_ids]
+        num_scheduled = [so.num_scheduled_tokens[r] for r in req_ids]
+        input_ids, positions = self.prepare_input_ids_and_positions(states, num_scheduled)
+        seq_lens = [s.num_computed_tokens + n for s, n in zip(states, num_scheduled, strict=True)]
+        query_start_loc = np.concatenate([[0], np.cumsum(num_scheduled)])  # [num_reqs + 1]
+        block_table = self.prepare_block_table(states)  # [num_reqs, max_blocks]
+        slot_mapping = self.prepare_slot_mapping(block_table, positions, num_scheduled)
+        # A request samples when this step computes its last token.
+        sample_rows = [i for i, s in enumerate(states) if seq_lens[i] == s.num_tokens]
         dev = self.device
         metadata = AttentionMetadata(
             num_actual_tokens=len(input_ids),
-            max_query_len=int(np.diff(query_start_loc).max()),
+            max_query_len=max(num_scheduled),
             query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=dev),
             max_seq_len=max(seq_lens),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
             block_table=torch.from_numpy(block_table).to(dev),
             slot_mapping=torch.from_numpy(slot_mapping).to(dev),
         )
-        logits_indices = [query_start_loc[i + 1] - 1 for i in sample_rows]
-        return (
-            req_ids,
-            torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            torch.from_numpy(pos).to(dev),
-            metadata,
-            sample_rows,
-            logits_indices,
+        return PreparedInputs(
+            req_ids=req_ids,
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            positions=torch.from_numpy(positions).to(dev),
+            attn_metadata=metadata,
+            sample_rows=sample_rows,
+            logits_indices=[int(query_start_loc[i + 1]) - 1 for i in sample_rows],
         )
+
+    @staticmethod
+    def prepare_input_ids_and_positions(
+        states: list[CachedRequestState], num_scheduled: list[int]
+    ) -> tuple[list[int], np.ndarray]:
+        """Token ids and positions of every request's scheduled tokens, in batch
+        order: ([num_tokens], [num_tokens] int64)."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for state, n in zip(states, num_scheduled, strict=True):
+            start, end = state.num_computed_tokens, state.num_computed_tokens + n
+            if end <= len(state.prompt_token_ids):
+                input_ids.extend(state.prompt_token_ids[start:end])
+            else:
+                input_ids.extend(state.token(p) for p in range(start, end))
+            positions.extend(range(start, end))
+        return input_ids, np.asarray(positions, dtype=np.int64)
+
+    @staticmethod
+    def prepare_block_table(states: list[CachedRequestState]) -> np.ndarray:
+        """Row i: request i's block ids, zero-padded: [num_reqs, max_blocks] int32."""
+        max_blocks = max(len(s.block_ids) for s in states)
+        block_table = np.zeros((len(states), max_blocks), dtype=np.int32)
+        for i, state in enumerate(states):
+            block_table[i, : len(state.block_ids)] = state.block_ids
+        return block_table
+
+    def prepare_slot_mapping(
+        self, block_table: np.ndarray, positions: np.ndarray, num_scheduled: list[int]
+    ) -> np.ndarray:
+        """The KV-cache slot of each new token, block id * block_size + offset:
+        [num_tokens] int64 (upstream: BlockTable.compute_slot_mapping)."""
+        bs = self.block_size
+        row_of_token = np.repeat(np.arange(len(num_scheduled)), num_scheduled)  # [num_tokens]
+        return block_table[row_of_token, positions // bs].astype(np.int64) * bs + positions % bs
 
     def _sampling_metadata(
         self, states: list[CachedRequestState], vocab_size: int
@@ -169,7 +201,7 @@ class GPUModelRunner:
                 top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
         blocked = {
             row: sorted(p.all_stop_token_ids)
-            for row, (p, s) in enumerate(zip(params, states))
+            for row, (p, s) in enumerate(zip(params, states, strict=True))
             if len(s.output_token_ids) < p.min_tokens and p.all_stop_token_ids
         }
         # logprobs=-1 means the whole vocabulary (upstream gpu_input_batch.py:416).
@@ -188,22 +220,20 @@ class GPUModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        import time
-
         self._update_states(scheduler_output)
         if not scheduler_output.num_scheduled_tokens:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        req_ids, input_ids, positions, metadata, sample_rows, logits_indices = self._prepare_inputs(
-            scheduler_output
-        )
+        batch = self._prepare_inputs(scheduler_output)
+        req_ids, sample_rows = batch.req_ids, batch.sample_rows
 
         start = time.perf_counter()
-        with set_forward_context(metadata):
-            hidden_states = self.model(input_ids, positions)
+        with set_forward_context(batch.attn_metadata):
+            hidden_states = self.model(batch.input_ids, batch.positions)  # [num_tokens, hidden]
         sampled_lists: list[list[int]] = [[] for _ in req_ids]
         logprobs_lists: list | None = None
         if sample_rows:
-            logits = self.model.compute_logits(hidden_states[logits_indices])
+            # [num_sampling_reqs, vocab]
+            logits = self.model.compute_logits(hidden_states[batch.logits_indices])
             states = [self.requests[req_ids[i]] for i in sample_rows]
             out = self.sampler(logits, self._sampling_metadata(states, logits.shape[-1]))
             tokens = out.sampled_token_ids.tolist()

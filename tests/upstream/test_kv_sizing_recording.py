@@ -19,7 +19,7 @@ def test_recording_equals_the_pinned_upstream_live():
     committed = json.loads(kv_sizing.RECORDING.read_text())
     live = kv_sizing.record()
     assert len(live) == len(committed) == len(kv_sizing.cases())
-    for got, want in zip(live, committed):
+    for got, want in zip(live, committed, strict=True):
         assert got == want, f"upstream now computes {got}, the recording says {want}"
 
 

@@ -185,8 +185,8 @@ def check_upstream_citations(text: str, doc: str) -> tuple[list[str], int]:
             )
         else:
             problems.append(
-                f"{_where(doc, text, m.start())}: {m.group()}: only upstream files are cited by line, "
-                "with their full vllm/ path; cite mini_vllm by path and symbol"
+                f"{_where(doc, text, m.start())}: {m.group()}: only upstream files are cited by "
+                "line, with their full vllm/ path; cite mini_vllm by path and symbol"
             )
     return problems, n_checked
 

@@ -18,8 +18,8 @@ What is checked:
 - every other ``vllm/<path>.py:<line>`` anywhere in the file is in one of two
   checked forms. One is a back-quoted qualified name followed by
   ``(vllm/x.py:N)``, checked as a definition like the rows are. The other is
-  ``vllm/x.py:N (reads `text`)``, where line N must contain the text. A line citation in any other form fails the test, so the prose
-  cannot drift unnoticed;
+  ``vllm/x.py:N (reads `text`)``, where line N must contain the text. A line
+  citation in any other form fails the test, so the prose cannot drift unnoticed;
 - coverage: every public class, function and method defined in
   CORE_MODULES has a row.
 
@@ -88,6 +88,7 @@ CORE_MODULES = (
     "core/sched/output.py",
     "core/sched/request_queue.py",
     "core/sched/utils.py",
+    "core/sched/interface.py",
     "core/sched/scheduler.py",
     "utils/hashing.py",
 )
@@ -238,7 +239,8 @@ def _resolve_mini(symbol: str) -> tuple[str, object]:
                 )
             except (AttributeError, KeyError):
                 pytest.fail(
-                    f"mini_vllm symbol {symbol!r} does not exist: {modname} has no {'.'.join(parts[cut:])!r}"
+                    f"mini_vllm symbol {symbol!r} does not exist: {modname} has no "
+                    f"{'.'.join(parts[cut:])!r}"
                 )
         return modname, obj
     pytest.fail(f"mini_vllm symbol {symbol!r} does not exist: no importable module prefix")
@@ -430,8 +432,8 @@ def test_every_line_citation_in_the_doc_is_checked():
     for m in ANY_CITE_RE.finditer(masked):
         if not any(a <= m.start() < b for a, b in covered):
             problems.append(
-                f"UPSTREAM_PIN.md:{masked.count(chr(10), 0, m.start()) + 1}: {m.group()} is cited in "
-                "an unchecked form; write `Qual.name` (path:N) or path:N (reads `text`)"
+                f"UPSTREAM_PIN.md:{masked.count(chr(10), 0, m.start()) + 1}: {m.group()} is cited "
+                "in an unchecked form; write `Qual.name` (path:N) or path:N (reads `text`)"
             )
     assert not problems, "\n".join(problems)
     assert n_checked > 0

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from mini_vllm.attention.backend import AttentionImpl, AttentionMetadata
+from mini_vllm.kv_cache_interface import cdiv
 
 
 class TorchAttentionImpl(AttentionImpl):
@@ -24,12 +25,15 @@ class TorchAttentionImpl(AttentionImpl):
     ) -> torch.Tensor:
         n = attn_metadata.num_actual_tokens
         block_size = kv_cache.shape[2]
-        slot_mapping = attn_metadata.slot_mapping[:n]
+        slot_mapping = attn_metadata.slot_mapping[:n]  # [n]
         # 1. Store the new keys and values in their slots.
         # BEGIN LAB 04.2: reshape_and_cache and the paged gather, in torch
+        # HINT: receives key, value, kv_cache, slot_mapping, n, block_size; leaves the n new
+        # HINT: keys and values written into kv_cache (nothing else).
         # HINT: slot s is offset s % block_size of block s // block_size;
         # HINT: kv_cache[block, 0, offset] holds a key, kv_cache[block, 1, offset] its value.
-        blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
+        blocks, offsets = slot_mapping // block_size, slot_mapping % block_size  # [n] each
+        # kv_cache[blocks, 0, offsets]: [n, num_kv_heads, head_size], as key[:n]
         kv_cache[blocks, 0, offsets] = key[:n].to(kv_cache.dtype)
         kv_cache[blocks, 1, offsets] = value[:n].to(kv_cache.dtype)
         # END LAB 04.2
@@ -37,28 +41,32 @@ class TorchAttentionImpl(AttentionImpl):
         # 2. Attend, request by request: the query rows are the last q_len
         #    positions of a sequence of seq_len tokens, so row r (position
         #    seq_len - q_len + r) may see key positions 0 .. seq_len - q_len + r.
-        out = torch.zeros_like(query)
-        starts = attn_metadata.query_start_loc.tolist()
+        out = torch.zeros_like(query)  # [num_tokens, num_heads, head_size]
+        starts = attn_metadata.query_start_loc.tolist()  # num_reqs + 1 ints
         seq_lens = attn_metadata.seq_lens.tolist()
         group = self.num_heads // self.num_kv_heads
         for i, seq_len in enumerate(seq_lens):
             q = query[starts[i] : starts[i + 1]].float().transpose(0, 1)  # [H, q_len, D]
             q_len = q.shape[1]
-            # BEGIN LAB 04.2
+            # BEGIN LAB 04.2: gather this request's keys and values, and its causal mask
+            # HINT: receives i, q, q_len, seq_len, group, block_size, kv_cache; leaves k, v and
+            # HINT: mask defined (scaled_dot_product_attention after the region reads them).
             # HINT: k, v: [seq_len, num_heads, head_size], key position j of this
             # HINT: request = offset j % block_size of block block_table[i, j // block_size].
             # HINT: GQA: query head h reads KV head h // group (repeat_interleave, not repeat).
             # HINT: mask: [q_len, seq_len] bool, True where key position <= query position.
-            num_blocks = -(-seq_len // block_size)
-            table = attn_metadata.block_table[i, :num_blocks].long()
+            num_blocks = cdiv(seq_len, block_size)
+            table = attn_metadata.block_table[i, :num_blocks].long()  # [num_blocks]
+            # [seq_len, num_kv_heads, head_size]
             k = kv_cache[table, 0].reshape(-1, self.num_kv_heads, self.head_size)[:seq_len]
             v = kv_cache[table, 1].reshape(-1, self.num_kv_heads, self.head_size)[:seq_len]
-            k = k.repeat_interleave(group, dim=1)
+            k = k.repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_size]
             v = v.repeat_interleave(group, dim=1)
-            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)  # [q_len]
+            # [q_len, seq_len]: True where the key position is at or before the query's
             mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
             # END LAB 04.2
-            o = F.scaled_dot_product_attention(
+            o = F.scaled_dot_product_attention(  # [num_heads, q_len, head_size]
                 q,
                 k.float().transpose(0, 1),
                 v.float().transpose(0, 1),

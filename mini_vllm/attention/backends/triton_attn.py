@@ -44,7 +44,7 @@ class TritonAttentionImpl(AttentionImpl):
 
         # 2. Attend. Every row up to n is written by the kernel; padding rows
         #    after it are zeroed, as the reference does.
-        out = torch.empty_like(query)
+        out = torch.empty_like(query)  # [num_tokens, num_heads, head_size]
         out[n:].zero_()
         if md.num_reqs == 0 or n == 0:
             return out

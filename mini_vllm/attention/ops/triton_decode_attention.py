@@ -81,7 +81,7 @@ def _decode_split_kernel(
     ).to(tl.float32)
 
     m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    l = tl.zeros([GROUP_PAD], dtype=tl.float32)  # noqa: E741 (l: the softmax sum, as in the phase 04 text)
     acc = tl.zeros([GROUP_PAD, HEAD_PAD], dtype=tl.float32)
     bt_row = block_table_ptr + req.to(tl.int64) * block_table_stride
     for start in range(kv_lo, kv_hi, TILE_N):
@@ -109,7 +109,7 @@ def _decode_split_kernel(
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
+        l = l * alpha + tl.sum(p, axis=1)  # noqa: E741 (l: the softmax sum, as in the phase 04 text)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
 
@@ -148,7 +148,7 @@ def _decode_merge_kernel(
     dim_ok = dims < HEAD_SIZE
     row = (req * num_heads + head).to(tl.int64) * num_splits + splits
     m = tl.load(part_max_ptr + row, mask=split_ok, other=float("-inf"))
-    l = tl.load(part_sum_ptr + row, mask=split_ok, other=0.0)
+    l = tl.load(part_sum_ptr + row, mask=split_ok, other=0.0)  # noqa: E741 (l: the softmax sum, as in the phase 04 text)
     acc = tl.load(
         part_acc_ptr + row[:, None] * HEAD_SIZE + dims[None, :],
         mask=split_ok[:, None] & dim_ok[None, :],
@@ -156,6 +156,7 @@ def _decode_merge_kernel(
     )
 
     # BEGIN LAB 04.3: the split-KV merge (stage 2) in Triton
+    # HINT: receives m, l, acc (loaded above); leaves out defined (the store below reads it).
     # HINT: split s holds m_s (its max score), l_s = sum exp(score - m_s) and
     # HINT: acc_s = sum exp(score - m_s) * v over its keys. Padded or empty splits
     # HINT: hold m = -inf, l = 0, acc = 0. Shapes: m, l [SPLITS_PAD]; acc [SPLITS_PAD, HEAD_PAD].

@@ -99,7 +99,7 @@ def _prefill_kernel(
     # Online softmax state per row: running max m, running sum of
     # exp(score - m) l, and the unnormalised output acc = sum exp(score - m) * v.
     m = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)
+    l = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)  # noqa: E741 (l: the softmax sum, as in the phase 04 text)
     acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_PAD], dtype=tl.float32)
 
     # Causality bounds the keys: the last query of this block sits at
@@ -140,7 +140,7 @@ def _prefill_kernel(
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_ref)
         p = tl.exp(s - m_ref[:, None])  # [rows, TILE_N], in [0, 1]
-        l = l * alpha + tl.sum(p, axis=1)
+        l = l * alpha + tl.sum(p, axis=1)  # noqa: E741 (l: the softmax sum, as in the phase 04 text)
         # P is rounded to the input dtype so the second dot runs on the same
         # operand type as the first (tensor cores on the GPU).
         acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)

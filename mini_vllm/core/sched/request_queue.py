@@ -27,6 +27,7 @@ class SchedulingPolicy(Enum):
     PRIORITY = "priority"
 
 
+# mirrors vllm/v1/core/sched/request_queue.py:75-128
 class FCFSRequestQueue(deque):
     def add_request(self, request: Request) -> None:
         self.append(request)
@@ -52,6 +53,7 @@ class FCFSRequestQueue(deque):
         self.extend(kept)
 
 
+# mirrors vllm/v1/core/sched/request_queue.py:131-198
 class PriorityRequestQueue:
     """A heap ordered by ``Request.__lt__``: (priority, arrival_time, id)."""
 
@@ -94,6 +96,7 @@ class PriorityRequestQueue:
         return iter(sorted(self._heap))
 
 
+# mirrors vllm/v1/core/sched/request_queue.py:201-208
 def create_request_queue(policy: SchedulingPolicy) -> FCFSRequestQueue | PriorityRequestQueue:
     if policy == SchedulingPolicy.PRIORITY:
         return PriorityRequestQueue()

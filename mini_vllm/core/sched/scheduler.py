@@ -4,37 +4,24 @@ Mirrors upstream ``vllm/v1/core/sched/scheduler.py`` at v0.22.1:
 ``schedule`` (:329), ``_preempt_request`` (:929), ``_update_after_schedule``
 (:951), ``_make_cached_request_data`` (:1036), ``update_from_output``
 (:1283), ``add_request`` (:1755), ``finish_requests`` (:1779).
-Left out: KV/EC connectors, encoder inputs, LoRA, speculative decoding,
-structured output, pipeline parallelism, async scheduling, pause states,
-streaming sessions, Mamba alignment, events and most stats.
+What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
-There is no prefill phase and no decode phase. Every request has
-``num_computed_tokens`` and ``num_tokens``; each step hands out one token
-budget so that computed catches up with total. A long prompt simply takes
-several steps (chunked prefill); a decode is a request one token behind.
-
-Deliberate differences from upstream (all listed in UPSTREAM_PIN.md):
-- ``_clamp_new_tokens`` names the three-cap clamp that upstream writes inline
-  at scheduler.py:390-398;
-- Phase 2's three admission gates are three breaks at the top of one
-  loop over the waiting queue; upstream spreads the same checks over an
-  if, the loop condition and a break (lines 545-549);
-- ``# BEGIN LAB`` / ``# END LAB`` comments mark what Phase 03's labs hollow out;
-- ``add_request`` rejects duplicate ids, empty prompts and prompts that
-  cannot fit ``max_model_len`` with ``ValueError`` (upstream checks prompts in
-  the engine's InputProcessor and asserts on duplicates);
-- ``add_request`` also rejects ``len(prompt) + min_tokens > max_model_len``,
-  which upstream accepts and then never finishes (see UPSTREAM_PIN.md);
-- ``update_from_output`` returns one ``EngineCoreOutputs`` (one client).
+Invariants kept:
+- there is no prefill phase and no decode phase: each step hands out one
+  token budget so that every request's ``num_computed_tokens`` catches up
+  with its ``num_tokens`` (a long prompt takes several steps);
+- a step's scheduled tokens never exceed ``max_num_batched_tokens``, and no
+  more than ``max_num_seqs`` requests run;
+- a step that preempted admits no waiting request.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 from mini_vllm.config import VllmConfig
 from mini_vllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from mini_vllm.core.sched.interface import SchedulerInterface
 from mini_vllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from mini_vllm.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from mini_vllm.core.sched.utils import check_stop, remove_all
@@ -44,8 +31,8 @@ from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 
 
-class Scheduler:
-    def __init__(self, vllm_config: VllmConfig, log_stats: bool = True) -> None:
+class Scheduler(SchedulerInterface):
+    def __init__(self, vllm_config: VllmConfig, log_stats: bool = False) -> None:
         self.vllm_config = vllm_config
         self.scheduler_config = vllm_config.scheduler_config
         self.cache_config = vllm_config.cache_config
@@ -112,9 +99,9 @@ class Scheduler:
         req_to_new_blocks: dict[str, KVCacheBlocks] = {}
         num_scheduled_tokens: dict[str, int] = {}
         token_budget = self.max_num_scheduled_tokens
-        scheduled_timestamp = time.monotonic()
 
         # Phase 1: the RUNNING requests, in order.
+        # (mirrors vllm/v1/core/sched/scheduler.py:366-499)
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
@@ -128,7 +115,10 @@ class Scheduler:
                 continue
 
             # Ask for memory; on None, preempt a victim and ask again.
+            # (mirrors vllm/v1/core/sched/scheduler.py:443-490)
             # BEGIN LAB 03.3: allocate_slots -> None -> preempt a victim -> retry
+            # HINT: receives request, num_new_tokens and this step's records; leaves new_blocks
+            # HINT: (None: give up), token_budget and req_index right for the code after it.
             # HINT: loop: ask allocate_slots for num_new_tokens; stop when it returns blocks.
             # HINT: FCFS victim: the tail of self.running. PRIORITY victim: the largest
             # HINT: (priority, arrival_time); if it was already scheduled this step, undo that.
@@ -150,7 +140,7 @@ class Scheduler:
                 else:
                     # FCFS: the most recently admitted request.
                     preempted_req = self.running.pop()
-                self._preempt_request(preempted_req, scheduled_timestamp)
+                self._preempt_request(preempted_req)
                 preempted_reqs.append(preempted_req)
                 if preempted_req is request:
                     break  # it was the victim itself: nothing left to free
@@ -159,8 +149,9 @@ class Scheduler:
             # END LAB 03.3
 
             # BEGIN LAB 03.1: schedule the running request and charge the budget
-            # HINT: four records: the list of scheduled running requests, its new blocks,
-            # HINT: its token count; then charge the budget and move to the next request.
+            # HINT: receives request, new_blocks, num_new_tokens; leaves token_budget charged
+            # HINT: and req_index on the next request. Three records: the list of scheduled
+            # HINT: running requests, its new blocks, its token count.
             scheduled_running_reqs.append(request)
             req_to_new_blocks[request.request_id] = new_blocks
             num_scheduled_tokens[request.request_id] = num_new_tokens
@@ -171,8 +162,10 @@ class Scheduler:
         # Phase 2: admit WAITING requests in queue order while three gates
         # stay open. (Upstream checks the same three, in two `if`s and a
         # `while` condition around this loop: scheduler.py:545-549.)
+        # (the loop mirrors vllm/v1/core/sched/scheduler.py:548-806)
         while self.waiting:
             # BEGIN LAB 03.1: the three admission gates
+            # HINT: receives preempted_reqs, token_budget and self.running; only breaks.
             # HINT: no admissions in a step that preempted (memory pressure: admitting
             # HINT: would only thrash); none without budget; none past max_num_seqs.
             if preempted_reqs:
@@ -185,6 +178,8 @@ class Scheduler:
             request = self.waiting.peek_request()
 
             # BEGIN LAB 03.6: prefix caching: start from the longest cached prefix
+            # HINT: receives request; leaves new_computed_blocks, num_new_local_computed_tokens
+            # HINT: and num_computed_tokens defined (the code after it reads all three).
             # HINT: the KV cache manager knows which full blocks of this request are
             # HINT: cached; their tokens count as computed and cost no budget.
             new_computed_blocks, num_new_local_computed_tokens = (
@@ -194,9 +189,13 @@ class Scheduler:
             # END LAB 03.6
 
             # BEGIN LAB 03.2: how many of a waiting request's tokens to prefill now
+            # HINT: receives request, num_computed_tokens, token_budget; leaves num_new_tokens.
             # HINT: num_tokens, not num_prompt_tokens: a resumed request recomputes its
             # HINT: outputs too. Then the threshold, then the budget; without chunked
             # HINT: prefill a prompt that does not fit whole must wait (stop admitting).
+            # Upstream inlines this clamp here too (vllm/v1/core/sched/scheduler.py:654-669):
+            # the chunked-prefill check sits between threshold and budget, and a waiting
+            # request needs no model-length cap, so _clamp_new_tokens does not fit.
             num_new_tokens = request.num_tokens - num_computed_tokens
             threshold = self.scheduler_config.long_prefill_token_threshold
             if 0 < threshold < num_new_tokens:
@@ -219,6 +218,7 @@ class Scheduler:
             request = self.waiting.pop_request()
             self.running.append(request)
             # BEGIN LAB 03.4: a first-time request or a resumed one?
+            # HINT: receives request (just moved to running); leaves nothing but the two lists.
             # HINT: the status says which; the two go to different parts of SchedulerOutput.
             if request.status == RequestStatus.WAITING:
                 scheduled_new_reqs.append(request)
@@ -228,6 +228,7 @@ class Scheduler:
                 raise RuntimeError(f"Invalid request status: {request.status}")
             # END LAB 03.4
             # BEGIN LAB 03.1: admit the request and charge the budget
+            # HINT: receives request, num_new_tokens, num_computed_tokens; leaves token_budget.
             # HINT: record its blocks (all of them: get_blocks) and its tokens, charge
             # HINT: the budget, mark it RUNNING, and set where its computation starts.
             req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(
@@ -239,6 +240,7 @@ class Scheduler:
             request.num_computed_tokens = num_computed_tokens
             # END LAB 03.1
 
+        # mirrors vllm/v1/core/sched/scheduler.py:826-921
         total_num_scheduled_tokens = sum(num_scheduled_tokens.values())
         assert total_num_scheduled_tokens <= self.max_num_scheduled_tokens
         assert token_budget >= 0
@@ -272,6 +274,7 @@ class Scheduler:
         return scheduler_output
 
     # BEGIN LAB 03.4: running and resumed requests as deltas (CachedRequestData)
+    # mirrors vllm/v1/core/sched/scheduler.py:1036-1094
     def _make_cached_request_data(
         self,
         running_reqs: list[Request],
@@ -316,7 +319,8 @@ class Scheduler:
     # END LAB 03.4
 
     # BEGIN LAB 03.3: preempt one request (recompute, not swap)
-    def _preempt_request(self, request: Request, timestamp: float) -> None:
+    # mirrors vllm/v1/core/sched/scheduler.py:929-949
+    def _preempt_request(self, request: Request) -> None:
         """Free the request's KV cache and send it back to the waiting queue.
 
         The caller has already taken it out of ``self.running``. Its tokens
@@ -336,6 +340,7 @@ class Scheduler:
     # END LAB 03.3
 
     # BEGIN LAB 03.2: advance num_computed_tokens when the step is scheduled
+    # mirrors vllm/v1/core/sched/scheduler.py:951-991
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         """Advance num_computed_tokens now, before the model runs, so the
         next schedule() can plan the next chunk straight away. The output
@@ -374,7 +379,9 @@ class Scheduler:
             if new_token_ids:
                 new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
             # BEGIN LAB 03.5: a stopped request is finished and freed at once
-            # HINT: read its finish reason, free it, and remember to drop it from running.
+            # HINT: receives request, stopped, stopped_running_reqs; leaves finish_reason
+            # HINT: (None unless it stopped). Read its finish reason, free it, and remember
+            # HINT: to drop it from running.
             finish_reason = None
             if stopped:
                 finish_reason = request.get_finished_reason()
@@ -397,6 +404,7 @@ class Scheduler:
                 )
 
         # BEGIN LAB 03.5: drop the stopped requests from running
+        # HINT: receives stopped_running_reqs; leaves self.running without them.
         # HINT: remove_all returns the new list; keep running's order.
         if stopped_running_reqs:
             self.running = remove_all(self.running, stopped_running_reqs)
@@ -404,6 +412,7 @@ class Scheduler:
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
 
     # BEGIN LAB 03.5: append sampled tokens one by one, stop at the first that ends it
+    # mirrors vllm/v1/core/sched/scheduler.py:1649-1665
     def _update_request_with_output(
         self, request: Request, new_token_ids: list[int]
     ) -> tuple[list[int], bool]:
@@ -455,6 +464,7 @@ class Scheduler:
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
 
+    # mirrors vllm/v1/core/sched/scheduler.py:1779-1840
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
     ) -> list[str]:
@@ -491,6 +501,7 @@ class Scheduler:
             self._free_request(request)
         return [r.request_id for r in valid_requests]
 
+    # mirrors vllm/v1/core/sched/scheduler.py:1842-1863
     def _free_request(self, request: Request) -> None:
         assert request.is_finished()
         self.finished_req_ids.add(request.request_id)
@@ -500,18 +511,8 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def has_unfinished_requests(self) -> bool:
-        return self.get_num_unfinished_requests() > 0
-
     def has_finished_requests(self) -> bool:
         return len(self.finished_req_ids) > 0
-
-    def has_requests(self) -> bool:
-        """Work left: unfinished requests, or finished ids not yet reported."""
-        return self.has_unfinished_requests() or self.has_finished_requests()
-
-    def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
 
     def make_stats(self) -> SchedulerStats | None:
         if not self.log_stats:
@@ -532,9 +533,8 @@ class Scheduler:
         waiting for remote KV). Upstream: scheduler.py:1896.
         """
         if reset_running_requests:
-            timestamp = time.monotonic()
             while self.running:
-                self._preempt_request(self.running.pop(), timestamp)
+                self._preempt_request(self.running.pop())
             # They were not scheduled by this step any more.
             self.prev_step_scheduled_req_ids.clear()
         return self.kv_cache_manager.reset_prefix_cache()

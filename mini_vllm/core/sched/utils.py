@@ -14,6 +14,7 @@ from __future__ import annotations
 from mini_vllm.request import Request, RequestStatus
 
 
+# mirrors vllm/v1/core/sched/utils.py:62-91
 def remove_all(lst: list, items_to_remove: set) -> list:
     """``lst`` without ``items_to_remove``; callers must use the return value."""
     if not items_to_remove:
@@ -27,6 +28,7 @@ def remove_all(lst: list, items_to_remove: set) -> list:
 
 
 # BEGIN LAB 03.5: the stop conditions, in upstream's order
+# mirrors vllm/v1/core/sched/utils.py:94-130
 def check_stop(request: Request, max_model_len: int) -> bool:
     """Set a finished status on the request if its last token ends it.
 

@@ -36,7 +36,8 @@ class Attention(nn.Module):
         self.kv_cache = kv_cache
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """query [T, num_heads*head_size], key/value [T, num_kv_heads*head_size] -> [T, num_heads*head_size]."""
+        """query [T, num_heads*head_size], key/value [T, num_kv_heads*head_size]
+        -> [T, num_heads*head_size]."""
         if self.impl is None or self.kv_cache is None:
             raise RuntimeError(f"attention layer {self.layer_name!r} has no KV cache bound")
         metadata = get_forward_context().attn_metadata

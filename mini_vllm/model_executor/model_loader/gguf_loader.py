@@ -152,7 +152,9 @@ def has_tokenizer(reader: gguf.GGUFReader) -> bool:
 
 
 def gguf_to_hf_name(name: str, path: Path | None = None) -> str:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; ValueError if unknown."""
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``.
+
+    Raises ValueError for a name it does not know."""
     base, _, kind = name.rpartition(".")
     parts = base.split(".")
     if len(parts) == 1 and base in GGUF_TO_HF_GLOBAL:

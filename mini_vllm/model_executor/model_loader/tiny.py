@@ -81,7 +81,9 @@ def tiny_config(arch: str, vocab_size: int = SMALL_VOCAB) -> PretrainedConfig:
 def make_tiny_model(
     out_dir: str | Path, arch: str = "qwen3", seed: int = 0, tokenizer: bool = False
 ) -> Path:
-    """Write a tiny seeded checkpoint of ``arch`` into ``out_dir`` (created); returns ``out_dir``."""
+    """Write a tiny seeded checkpoint of ``arch`` into ``out_dir`` (created).
+
+    Returns ``out_dir``."""
     out_dir = Path(out_dir)
     tok = None
     if tokenizer:

@@ -47,7 +47,8 @@ STACKED_PARAMS_MAPPING = [
 
 
 def rope_parameters(config: PretrainedConfig) -> dict:
-    """transformers 5 keeps theta in ``config.rope_parameters``; older configs had ``rope_theta``."""
+    """RoPE's parameters: transformers 5 keeps theta in ``config.rope_parameters``;
+    older configs had ``rope_theta``."""
     params = getattr(config, "rope_parameters", None)
     if params:
         return dict(params)
@@ -130,7 +131,9 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (this layer's output, the residual stream before it); their sum is the new stream."""
+        """Returns (this layer's output, the residual stream before it).
+
+        Their sum is the new residual stream."""
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)

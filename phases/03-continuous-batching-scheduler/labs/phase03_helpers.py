@@ -10,12 +10,33 @@ a test runs ``schedule()``.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 import mini_vllm.testing as mini
 from mini_vllm.oracle.workload import Stalled, run_workload
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SCHEDULER = "mini_vllm/core/sched/scheduler.py"
+KV_CACHE_MANAGER = "mini_vllm/core/kv_cache_manager.py"
+
+
+def reference_text(text: str, path: str) -> str:
+    """``text``, checked to be in the reference file ``path``.
+
+    The explain() functions key on the reference's own source lines and error
+    messages. Each key goes through here when its suite is collected, so if
+    the reference's text changes the suite fails loudly, naming the key,
+    instead of silently dropping the explanation."""
+    if text not in (REPO_ROOT / path).read_text():
+        raise LookupError(
+            f"explain() keys on {text!r}, which {path} no longer holds: update the "
+            "suite's explain() to the reference's new text"
+        )
+    return text
+
 
 # No explain phase (it traces every line: slow on a broken scheduler), no database.
 PROPERTY = settings(

@@ -95,7 +95,7 @@ def dense_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
     num_heads = batch.query.shape[1]
     outs = []
     start = 0
-    for (ctx, q_len), k, v in zip(batch.layout, batch.dense_k, batch.dense_v):
+    for (ctx, q_len), k, v in zip(batch.layout, batch.dense_k, batch.dense_v, strict=True):
         q = batch.query[start : start + q_len].double().cpu()
         start += q_len
         kv_head = torch.arange(num_heads) // (num_heads // k.shape[1])

@@ -24,6 +24,11 @@ pytestmark = pytest.mark.timeout(120)
 TINY_PROMPTS = [[5], [7, 3, 9, 11, 2, 300, 45], [(13 * j + 1) % 512 for j in range(37)]]
 
 
+def first_difference(got: list[int], expected: list[int]) -> int:
+    pairs = enumerate(zip(got, expected, strict=False))
+    return next((i for i, (a, b) in pairs if a != b), min(len(got), len(expected)))
+
+
 def paged(impl, model, max_model_len=128):
     return impl.kv_cache_speedup.PagedModel(model, max_model_len=max_model_len, block_size=16)
 
@@ -34,7 +39,7 @@ def check_tokens(name: str, got: list[int], expected: list[int], prompt: list[in
         f"returned {got}, transformers' greedy tokens on the same weights are {expected}. "
         "Greedy decoding picks the index of the largest logit at every step and appends it "
         "to the sequence; the first difference is at output index "
-        f"{next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))}."
+        f"{first_difference(got, expected)}."
     )
 
 

@@ -123,10 +123,10 @@ def test_token_bookkeeping_matches_upstream(impl):
     mine = call("Request()", lambda: make(impl.request.Request, [1, 2, 3, 4, 5]))
     for k, tokens in enumerate(appends):
         theirs.append_output_token_ids(tokens)
-        call("", lambda: mine.append_output_token_ids(tokens))
+        call("", lambda tokens=tokens: mine.append_output_token_ids(tokens))
         done = appends[: k + 1]
         for name in ("num_tokens", "num_output_tokens"):
-            want, got = getattr(theirs, name), call(name, lambda: getattr(mine, name))
+            want, got = getattr(theirs, name), call(name, lambda name=name: getattr(mine, name))
             assert got == want, (
                 f"prompt [1, 2, 3, 4, 5], appends {done}: upstream's {name} is {want}, yours "
                 f"{got!r}. num_tokens counts prompt + outputs; num_output_tokens only outputs."
@@ -150,7 +150,7 @@ def test_appends_keep_counts_and_block_hashes(impl, prompt, appends):
     mine = call("Request()", lambda: make(impl.request.Request, prompt))
     for k, tokens in enumerate(appends):
         ref.append_output_token_ids(tokens)
-        call("", lambda: mine.append_output_token_ids(tokens))
+        call("", lambda tokens=tokens: mine.append_output_token_ids(tokens))
         where = f"prompt {prompt}, appends {appends[: k + 1]}"
         assert (call("", lambda: mine.num_tokens), call("", lambda: mine.num_output_tokens)) == (
             ref.num_tokens,

@@ -113,7 +113,8 @@ def test_stop_string_request_is_aborted_in_core(impl, student_run, workload):
     assert end.statuses[rid] == "FINISHED_ABORTED", (
         f"step {end.step}: the front end finished {rid!r} on stop string {stop!r}, but its "
         f"Request is still {end.statuses[rid]} in EngineCore. LLMEngine.step must call "
-        "engine_core.abort_requests(processed.reqs_to_abort) (upstream vllm/v1/engine/llm_engine.py:309)."
+        "engine_core.abort_requests(processed.reqs_to_abort) "
+        "(upstream vllm/v1/engine/llm_engine.py:309)."
     )
     later = [rec.step for rec in records if rec.step > end.step and rid in rec.scheduled]
     assert not later, f"{rid!r} finished at step {end.step} but was scheduled again at {later}"

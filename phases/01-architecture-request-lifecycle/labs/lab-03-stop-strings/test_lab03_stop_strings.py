@@ -243,9 +243,9 @@ def test_update_matches_upstream_detokenizer(impl, loaded, words, data, include,
     """The stop string found and the text at that point equal those of
     upstream's own detokenizer (``IncrementalDetokenizer.from_new_request``,
     detokenizer.py:49) fed the same tokens."""
+    from vllm.sampling_params import SamplingParams as UpstreamParams
     from vllm.v1.engine import EngineCoreRequest
     from vllm.v1.engine.detokenizer import IncrementalDetokenizer as Upstream
-    from vllm.sampling_params import SamplingParams as UpstreamParams
 
     tok = loaded.tokenizer
     text = " " + " ".join(words)

@@ -22,13 +22,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mini_vllm.testing as mini
-from mini_vllm.core.kv_cache_manager import cdiv
 from mini_vllm.grading import checks
+from mini_vllm.kv_cache_interface import cdiv
 from mini_vllm.oracle import strategies
 from mini_vllm.request import RequestStatus
 
 import phase03_helpers as helpers
-from phase03_helpers import PROPERTY, Stepper, ids
+from phase03_helpers import (
+    KV_CACHE_MANAGER,
+    PROPERTY,
+    SCHEDULER,
+    Stepper,
+    ids,
+    reference_text,
+)
 
 # The reference finishes every generated workload in a few hundred steps.
 MAX_STEPS = 2000
@@ -56,25 +63,33 @@ def requests(ids, lengths, block_size=16, **kwargs):
     )
 
 
+# The reference's text explain() keys on (checked when the suite is collected).
+TOTAL_TOKENS = reference_text("assert total_num_scheduled_tokens", SCHEDULER)
+MAX_RUNNING = reference_text("assert len(self.running) <= self.max_num_running_reqs", SCHEDULER)
+BUDGET = reference_text("assert token_budget >= 0", SCHEDULER)
+ONLY_RUNNING = reference_text("Only running requests can be preempted", SCHEDULER)
+NO_TOKENS = reference_text("num_new_tokens must be greater than 0", KV_CACHE_MANAGER)
+
+
 def explain(error: BaseException) -> str | None:
     """A teaching sentence for the errors a broken step trips inside the
     reference's own code (its end-of-step asserts, allocate_slots)."""
     line = traceback.extract_tb(error.__traceback__)[-1].line
-    if isinstance(error, AssertionError) and "total_num_scheduled_tokens" in (line or ""):
+    if isinstance(error, AssertionError) and TOTAL_TOKENS in (line or ""):
         hint = (
             "the step handed out more tokens than max_num_batched_tokens: every "
             "scheduled request (running or admitted) must charge token_budget"
         )
-    elif isinstance(error, AssertionError) and "max_num_running_reqs" in (line or ""):
+    elif isinstance(error, AssertionError) and MAX_RUNNING in (line or ""):
         hint = "more requests are running than max_num_seqs: look at gate 3"
-    elif isinstance(error, AssertionError) and "token_budget >= 0" in (line or ""):
+    elif isinstance(error, AssertionError) and BUDGET in (line or ""):
         hint = "token_budget went negative: something was scheduled past the budget"
-    elif isinstance(error, AssertionError) and "Only running requests" in str(error):
+    elif isinstance(error, AssertionError) and ONLY_RUNNING in str(error):
         hint = (
             "a request in self.running is not RUNNING, so it cannot be preempted: an "
             "admitted request must be marked RUNNING (request.status)"
         )
-    elif isinstance(error, ValueError) and "num_new_tokens" in str(error):
+    elif isinstance(error, ValueError) and NO_TOKENS in str(error):
         hint = (
             "allocate_slots was asked for 0 tokens: a request was admitted with no "
             "token budget left (gate 2 must stop admissions when token_budget <= 0)"
@@ -233,7 +248,12 @@ def test_running_request_memory_is_recorded(impl):
         f"Step 1: a is running and must be scheduled; got {cached.req_ids}."
     )
     held = sched.kv_cache_manager.get_block_ids("a")[0]
-    assert cached.new_block_ids[0] is not None and list(cached.new_block_ids[0][0]) == held[2:], (
+    assert cached.new_block_ids[0] is not None, (
+        f"Step 1: a's 9th token needs a third block; the workers learn it from "
+        f"req_to_new_blocks[a] (the blocks allocate_slots returned): expected new block ids "
+        f"{held[2:]}, got {cached.new_block_ids[0]}."
+    )
+    assert list(cached.new_block_ids[0][0]) == held[2:], (
         f"Step 1: a's 9th token needs a third block; the workers learn it from "
         f"req_to_new_blocks[a] (the blocks allocate_slots returned): expected new block ids "
         f"{held[2:]}, got {cached.new_block_ids[0]}."
@@ -255,7 +275,11 @@ def test_gate_max_num_seqs(impl):
         f"step 0: {list(out.num_scheduled_tokens)}; expected ['a', 'b']."
     )
     out = step(sched, "step 1")
-    assert "c" not in out.num_scheduled_tokens and ids(sched.waiting) == ["c"], (
+    assert "c" not in out.num_scheduled_tokens, (
+        f"Gate 3 (max_num_seqs=2): step 1 still has a and b running, so c stays waiting; "
+        f"scheduled {dict(out.num_scheduled_tokens)}, waiting {ids(sched.waiting)}."
+    )
+    assert ids(sched.waiting) == ["c"], (
         f"Gate 3 (max_num_seqs=2): step 1 still has a and b running, so c stays waiting; "
         f"scheduled {dict(out.num_scheduled_tokens)}, waiting {ids(sched.waiting)}."
     )
@@ -305,7 +329,13 @@ def test_gate_no_admission_in_a_step_that_preempted(impl):
         f"preempted (lab 03.3's code, the reference here). Expected preempted {{'c'}}, got "
         f"{out.preempted_req_ids}: a running request was not scheduled as expected."
     )
-    assert "d" not in out.num_scheduled_tokens and d.status == RequestStatus.WAITING, (
+    assert "d" not in out.num_scheduled_tokens, (
+        f"Gate 1 (no admissions in a step that preempted): c's preemption freed a block "
+        f"and a seat, and d (3 tokens, 1 block) would fit, but a step that had to preempt "
+        f"is under memory pressure: admitting now would only thrash. Expected d to wait, "
+        f"got scheduled {dict(out.num_scheduled_tokens)} (d is {d.status.name})."
+    )
+    assert d.status == RequestStatus.WAITING, (
         f"Gate 1 (no admissions in a step that preempted): c's preemption freed a block "
         f"and a seat, and d (3 tokens, 1 block) would fit, but a step that had to preempt "
         f"is under memory pressure: admitting now would only thrash. Expected d to wait, "
@@ -382,7 +412,12 @@ def test_prefix_cache_hits_count_as_computed(impl):
         f"req_to_new_blocks[b] = kv_cache_manager.get_blocks(b) = {held}, not only the "
         f"block allocate_slots just added. Got {list(new.block_ids[0])}."
     )
-    assert out.num_scheduled_tokens.get("b") == 5 and b.num_computed_tokens == 37, (
+    assert out.num_scheduled_tokens.get("b") == 5, (
+        f"Step 1: only b's 5 uncached tokens are computed: expected 5 scheduled and "
+        f"num_computed_tokens 37 after the step, got {out.num_scheduled_tokens.get('b')} and "
+        f"{b.num_computed_tokens}."
+    )
+    assert b.num_computed_tokens == 37, (
         f"Step 1: only b's 5 uncached tokens are computed: expected 5 scheduled and "
         f"num_computed_tokens 37 after the step, got {out.num_scheduled_tokens.get('b')} and "
         f"{b.num_computed_tokens}."

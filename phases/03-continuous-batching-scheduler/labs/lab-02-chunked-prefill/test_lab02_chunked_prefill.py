@@ -24,7 +24,15 @@ from mini_vllm.grading import checks
 from mini_vllm.oracle import strategies
 
 import phase03_helpers as helpers
-from phase03_helpers import PROPERTY, TOKEN, Stepper, ids
+from phase03_helpers import (
+    KV_CACHE_MANAGER,
+    PROPERTY,
+    SCHEDULER,
+    TOKEN,
+    Stepper,
+    ids,
+    reference_text,
+)
 
 # The reference finishes every generated workload in a few hundred steps.
 MAX_STEPS = 2000
@@ -52,24 +60,30 @@ def requests(ids, lengths, block_size=16, **kwargs):
     )
 
 
+# The reference's text explain() keys on (checked when the suite is collected).
+TOTAL_TOKENS = reference_text("assert total_num_scheduled_tokens", SCHEDULER)
+BUDGET = reference_text("assert token_budget >= 0", SCHEDULER)
+NO_TOKENS = reference_text("num_new_tokens must be greater than 0", KV_CACHE_MANAGER)
+
+
 def explain(error: BaseException) -> str | None:
     """A teaching sentence for the errors a broken step trips inside the
     reference's own code (its end-of-step asserts, allocate_slots)."""
     line = traceback.extract_tb(error.__traceback__)[-1].line or ""
-    if isinstance(error, AssertionError) and "total_num_scheduled_tokens" in line:
+    if isinstance(error, AssertionError) and TOTAL_TOKENS in line:
         hint = (
             "the step handed out more tokens than max_num_batched_tokens: a waiting "
             "request's chunk is at most the budget left (min(num_new_tokens, "
             "token_budget))"
         )
-    elif isinstance(error, AssertionError) and "token_budget >= 0" in line:
+    elif isinstance(error, AssertionError) and BUDGET in line:
         hint = "token_budget went negative: a chunk was larger than the budget left"
-    elif isinstance(error, ValueError) and "num_new_tokens" in str(error):
+    elif isinstance(error, ValueError) and NO_TOKENS in str(error):
         hint = (
             "allocate_slots was asked for 0 (or fewer) tokens: a waiting request's "
             "num_new_tokens must be num_tokens - num_computed_tokens, capped"
         )
-    elif isinstance(error, KeyError) and "self.requests[" in line:
+    elif isinstance(error, KeyError) and "self.requests[" in line:  # your region's line
         hint = "_update_after_schedule met an id that is not a live request"
     else:
         return None
@@ -324,7 +338,7 @@ def chunk_checker(cls):
             where = f"a step that scheduled {scheduled}"
             before = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
             cached = out.scheduled_cached_reqs
-            before.update(zip(cached.req_ids, cached.num_computed_tokens))
+            before.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
             admitted = {d.req_id for d in out.scheduled_new_reqs} | set(cached.resumed_req_ids)
             used = 0
             for req_id, n in scheduled.items():

@@ -15,7 +15,6 @@ reference), then upstream's own recorded traces.
 
 from __future__ import annotations
 
-import time
 import traceback
 from collections import Counter
 
@@ -24,15 +23,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mini_vllm.testing as mini
-from mini_vllm.core.kv_cache_manager import cdiv
 from mini_vllm.core.sched.request_queue import SchedulingPolicy
 from mini_vllm.grading import checks
+from mini_vllm.kv_cache_interface import cdiv
 from mini_vllm.oracle import strategies
 from mini_vllm.oracle.workload import RequestSpec, Workload
 from mini_vllm.request import RequestStatus
 
 import phase03_helpers as helpers
-from phase03_helpers import PROPERTY, Stepper, ids
+from phase03_helpers import (
+    KV_CACHE_MANAGER,
+    PROPERTY,
+    SCHEDULER,
+    Stepper,
+    ids,
+    reference_text,
+)
 
 # The reference finishes every generated workload in under 2,000 steps.
 MAX_STEPS = 10_000
@@ -65,36 +71,44 @@ def requests(ids, lengths, block_size, **kwargs):
     )
 
 
+# The reference's text explain() keys on (checked when the suite is collected).
+ONLY_RUNNING = reference_text("Only running requests can be preempted", SCHEDULER)
+TOTAL_TOKENS = reference_text("assert total_num_scheduled_tokens", SCHEDULER)
+MAX_RUNNING = reference_text("assert len(self.running) <= self.max_num_running_reqs", SCHEDULER)
+NEW_BLOCKS = reference_text("req_to_new_blocks[", SCHEDULER)
+HOLDS_BLOCKS = reference_text("assert not req_blocks", KV_CACHE_MANAGER)
+
+
 def explain(error: BaseException) -> str | None:
     """A teaching sentence for the errors a broken step trips inside the
     reference's own code (its asserts, the KV cache manager)."""
     line = traceback.extract_tb(error.__traceback__)[-1].line or ""
-    if isinstance(error, AssertionError) and "Only running requests" in str(error):
+    if isinstance(error, AssertionError) and ONLY_RUNNING in str(error):
         hint = (
             "a request was preempted twice, or after it was already taken out of "
             "running: a victim leaves self.running exactly once, and once the victim "
             "is the request itself the loop must stop (it has nothing left to free)"
         )
-    elif isinstance(error, AssertionError) and "total_num_scheduled_tokens" in line:
+    elif isinstance(error, AssertionError) and TOTAL_TOKENS in line:
         hint = (
             "the step handed out more tokens than max_num_batched_tokens: when a victim "
             "already scheduled this step is preempted, its tokens go back to token_budget"
         )
-    elif isinstance(error, AssertionError) and "max_num_running_reqs" in line:
+    elif isinstance(error, AssertionError) and MAX_RUNNING in line:
         hint = "more requests are running than max_num_seqs"
-    elif isinstance(error, KeyError) and "req_to_new_blocks" in line:
+    elif isinstance(error, KeyError) and NEW_BLOCKS in line:
         hint = (
             "a request listed as scheduled has no new blocks: a victim that was already "
             "scheduled this step must leave scheduled_running_reqs, num_scheduled_tokens "
             "and req_to_new_blocks together"
         )
-    elif isinstance(error, AssertionError) and "assert not req_blocks" in line:
+    elif isinstance(error, AssertionError) and HOLDS_BLOCKS in line:
         hint = (
             "allocate_slots met a request coming back from waiting that still holds KV "
             "blocks: _preempt_request must free them (kv_cache_manager.free), and a "
             "request that was its own victim must not be given blocks afterwards"
         )
-    elif isinstance(error, IndexError) and "pop" in line:
+    elif isinstance(error, IndexError) and "pop" in line:  # your region's line
         hint = (
             "pop from an empty running list: the request itself was already the "
             "victim, so the loop had to give up (break) instead of picking another"
@@ -147,7 +161,7 @@ def one_running_one_waiting(impl):
 def preempt(sched, request):
     """What schedule() does: take the victim out of running, then preempt it."""
     sched.running.remove(request)
-    sched._preempt_request(request, time.monotonic())
+    sched._preempt_request(request)
 
 
 @pytest.mark.points(1)
@@ -235,14 +249,26 @@ def test_preemption_repeats_until_the_request_fits(impl):
         sched.add_request(r)
     step(sched, "step 0 (a: 4 tokens, 2 blocks; b, c, d: 1 block each; the cache is full)")
     out = step(sched, "step 1")
-    assert out.preempted_req_ids == {"c", "d"} and out.num_scheduled_tokens.get("a") == 4, (
+    assert out.preempted_req_ids == {"c", "d"}, (
         f"Step 1: a's next chunk (4 tokens) needs 2 more blocks, none is free. The loop "
         f"preempts d (the tail: frees 1 block), asks allocate_slots again, still None, so "
         f"it preempts c too, and then a fits. Expected preempted ['c', 'd'] and a "
         f"scheduled with 4, got preempted {sorted(out.preempted_req_ids)} and scheduled "
         f"{dict(out.num_scheduled_tokens)}. (A `while True` loop, not one `if`.)"
     )
-    assert out.num_scheduled_tokens.get("b") == 1 and ids(sched.waiting) == ["c", "d"], (
+    assert out.num_scheduled_tokens.get("a") == 4, (
+        f"Step 1: a's next chunk (4 tokens) needs 2 more blocks, none is free. The loop "
+        f"preempts d (the tail: frees 1 block), asks allocate_slots again, still None, so "
+        f"it preempts c too, and then a fits. Expected preempted ['c', 'd'] and a "
+        f"scheduled with 4, got preempted {sorted(out.preempted_req_ids)} and scheduled "
+        f"{dict(out.num_scheduled_tokens)}. (A `while True` loop, not one `if`.)"
+    )
+    assert out.num_scheduled_tokens.get("b") == 1, (
+        f"Step 1: b still runs (its 2nd token fits its block); c and d wait at the front, "
+        f"in their old order (d was prepended first, then c). Got scheduled "
+        f"{dict(out.num_scheduled_tokens)}, waiting {ids(sched.waiting)}."
+    )
+    assert ids(sched.waiting) == ["c", "d"], (
         f"Step 1: b still runs (its 2nd token fits its block); c and d wait at the front, "
         f"in their old order (d was prepended first, then c). Got scheduled "
         f"{dict(out.num_scheduled_tokens)}, waiting {ids(sched.waiting)}."
@@ -258,7 +284,7 @@ def test_fcfs_gives_up_when_the_victim_is_the_request_itself(impl):
     sched.add_request(b)
     step(sched, "step 0 (a and b prefill: the cache is full)")
     out = step(sched, "step 1")
-    assert out.preempted_req_ids == {"b"} and "b" not in out.num_scheduled_tokens, (
+    assert out.preempted_req_ids == {"b"}, (
         f"Step 1: a's 7th token fits its 2nd block; b's 9th needs a 3rd block, none is "
         f"free, and the tail of running is b itself. Preempting b frees its blocks but "
         f"there is nothing left to make room FOR b: the loop stops (`if preempted_req is "
@@ -266,7 +292,19 @@ def test_fcfs_gives_up_when_the_victim_is_the_request_itself(impl):
         f"scheduled; got preempted {sorted(out.preempted_req_ids)}, scheduled "
         f"{dict(out.num_scheduled_tokens)}."
     )
-    assert dict(out.num_scheduled_tokens) == {"a": 1} and b.status == RequestStatus.PREEMPTED, (
+    assert "b" not in out.num_scheduled_tokens, (
+        f"Step 1: a's 7th token fits its 2nd block; b's 9th needs a 3rd block, none is "
+        f"free, and the tail of running is b itself. Preempting b frees its blocks but "
+        f"there is nothing left to make room FOR b: the loop stops (`if preempted_req is "
+        f"request: break`) and b is not scheduled. Expected preempted ['b'] and b not "
+        f"scheduled; got preempted {sorted(out.preempted_req_ids)}, scheduled "
+        f"{dict(out.num_scheduled_tokens)}."
+    )
+    assert dict(out.num_scheduled_tokens) == {"a": 1}, (
+        f"Step 1: only a runs; b is PREEMPTED and waits. Got scheduled "
+        f"{dict(out.num_scheduled_tokens)}, b {b.status.name}."
+    )
+    assert b.status == RequestStatus.PREEMPTED, (
         f"Step 1: only a runs; b is PREEMPTED and waits. Got scheduled "
         f"{dict(out.num_scheduled_tokens)}, b {b.status.name}."
     )
@@ -321,7 +359,13 @@ def test_priority_undo_gives_the_budget_back(impl):
         sched.add_request(r)
         step(sched, f"step {i} ({r.request_id} joins)")
     out = step(sched, "step 3")
-    assert out.preempted_req_ids == {"w"} and "w" not in out.num_scheduled_tokens, (
+    assert out.preempted_req_ids == {"w"}, (
+        f"Step 3: running is [w, a, b]. w takes the last free block and 1 token; then a's "
+        f"9th token needs a block, none is free, and w (priority 2) is the worst: it is "
+        f"preempted and its scheduling undone. Got preempted {sorted(out.preempted_req_ids)}, "
+        f"scheduled {dict(out.num_scheduled_tokens)}."
+    )
+    assert "w" not in out.num_scheduled_tokens, (
         f"Step 3: running is [w, a, b]. w takes the last free block and 1 token; then a's "
         f"9th token needs a block, none is free, and w (priority 2) is the worst: it is "
         f"preempted and its scheduling undone. Got preempted {sorted(out.preempted_req_ids)}, "
@@ -361,7 +405,15 @@ def test_priority_gives_up_when_the_victim_is_the_request_itself(impl):
     sched.add_request(c)
     step(sched, "step 1 (c joins: the cache is full)")
     out = step(sched, "step 2")
-    assert out.preempted_req_ids == {"b"} and dict(out.num_scheduled_tokens) == {"a": 1}, (
+    assert out.preempted_req_ids == {"b"}, (
+        f"Step 2: running is [a, b, c]. a's token fits; b's 9th needs a block, none is "
+        f"free, and the worst-priority request is b itself: preempt it and give up. "
+        f"Giving up ends Phase 1 (`if new_blocks is None: break`), so c is not scheduled "
+        f"this step although its token would fit. Expected preempted ['b'] and scheduled "
+        f"{{'a': 1}}; got preempted {sorted(out.preempted_req_ids)}, scheduled "
+        f"{dict(out.num_scheduled_tokens)}."
+    )
+    assert dict(out.num_scheduled_tokens) == {"a": 1}, (
         f"Step 2: running is [a, b, c]. a's token fits; b's 9th needs a block, none is "
         f"free, and the worst-priority request is b itself: preempt it and give up. "
         f"Giving up ends Phase 1 (`if new_blocks is None: break`), so c is not scheduled "

@@ -104,7 +104,7 @@ def cached_rows(out) -> dict:
     return {
         r: (group0(b), n, o)
         for r, b, n, o in zip(
-            c.req_ids, c.new_block_ids, c.num_computed_tokens, c.num_output_tokens
+            c.req_ids, c.new_block_ids, c.num_computed_tokens, c.num_output_tokens, strict=True
         )
     }
 
@@ -156,7 +156,13 @@ def test_running_requests_travel_as_deltas(impl):
     step(sched, "step 0 (a and b prefill and sample their first token)")
     out = schedule(sched, "step 1")
     c = out.scheduled_cached_reqs
-    assert out.scheduled_new_reqs == [] and c.req_ids == ["a", "b"], (
+    assert out.scheduled_new_reqs == [], (
+        f"Step 1: a and b were scheduled last step; the workers already hold them, so they "
+        f"travel as CachedRequestData (running requests, in scheduling order), never as new "
+        f"requests again. Expected cached ['a', 'b'] and no new; got cached {c.req_ids}, "
+        f"new {[d.req_id for d in out.scheduled_new_reqs]}."
+    )
+    assert c.req_ids == ["a", "b"], (
         f"Step 1: a and b were scheduled last step; the workers already hold them, so they "
         f"travel as CachedRequestData (running requests, in scheduling order), never as new "
         f"requests again. Expected cached ['a', 'b'] and no new; got cached {c.req_ids}, "
@@ -190,7 +196,12 @@ def test_running_requests_travel_as_deltas(impl):
         f"1 output token, b has 5 and 1. Expected a=(16, 1), b=(5, 1); got "
         f"a={rows['a'][1:]}, b={rows['b'][1:]}."
     )
-    assert c.all_token_ids == {} and c.resumed_req_ids == set(), (
+    assert c.all_token_ids == {}, (
+        f"Step 1: the workers saw a and b last step, so no token list is resent "
+        f"(all_token_ids must be {{}}, got keys {sorted(c.all_token_ids)}) and nothing is "
+        f"resumed (resumed_req_ids must be empty, got {c.resumed_req_ids})."
+    )
+    assert c.resumed_req_ids == set(), (
         f"Step 1: the workers saw a and b last step, so no token list is resent "
         f"(all_token_ids must be {{}}, got keys {sorted(c.all_token_ids)}) and nothing is "
         f"resumed (resumed_req_ids must be empty, got {c.resumed_req_ids})."
@@ -227,7 +238,12 @@ def preempt_and_resume(impl):
         sched.add_request(r)
     for i in range(6):
         out = step(sched, f"step {i}")
-    assert out.preempted_req_ids == {"c"} and b.is_finished(), (
+    assert out.preempted_req_ids == {"c"}, (
+        f"Setup: step 5 should preempt c (lab 03.3's code, the reference here) and finish b; "
+        f"got preempted {out.preempted_req_ids}, b {b.status.name}. Scheduled: "
+        f"{dict(out.num_scheduled_tokens)}."
+    )
+    assert b.is_finished(), (
         f"Setup: step 5 should preempt c (lab 03.3's code, the reference here) and finish b; "
         f"got preempted {out.preempted_req_ids}, b {b.status.name}. Scheduled: "
         f"{dict(out.num_scheduled_tokens)}."
@@ -249,7 +265,13 @@ def test_preempted_request_comes_back_resumed_with_everything_resent(impl):
         f"CachedRequestData. Your schedule() put it in scheduled_new_reqs ({new_ids}); "
         f"check request.status: WAITING -> new, PREEMPTED -> resumed."
     )
-    assert "c" in cached.req_ids and cached.resumed_req_ids == {"c"}, (
+    assert "c" in cached.req_ids, (
+        f"Step 6: c is resumed, so it is listed in CachedRequestData and its id is in "
+        f"resumed_req_ids (that is how the workers know its new_block_ids REPLACE its old "
+        f"table). Expected resumed_req_ids {{'c'}}; got req_ids {cached.req_ids}, "
+        f"resumed_req_ids {cached.resumed_req_ids}."
+    )
+    assert cached.resumed_req_ids == {"c"}, (
         f"Step 6: c is resumed, so it is listed in CachedRequestData and its id is in "
         f"resumed_req_ids (that is how the workers know its new_block_ids REPLACE its old "
         f"table). Expected resumed_req_ids {{'c'}}; got req_ids {cached.req_ids}, "
@@ -325,7 +347,13 @@ def test_running_request_skipped_for_a_step_gets_its_tokens_resent(impl):
     for i in range(1, 5):
         step(sched, f"step {i}")
     out = step(sched, "step 5")
-    assert out.preempted_req_ids == {"low"} and out.num_scheduled_tokens == {}, (
+    assert out.preempted_req_ids == {"low"}, (
+        f"Setup: at step 5 low needs a third block, none is free, and the PRIORITY victim is "
+        f"low itself, so the step ends (lab 03.3's code, the reference here): high, still "
+        f"RUNNING, is skipped. Got preempted {out.preempted_req_ids}, scheduled "
+        f"{dict(out.num_scheduled_tokens)}."
+    )
+    assert out.num_scheduled_tokens == {}, (
         f"Setup: at step 5 low needs a third block, none is free, and the PRIORITY victim is "
         f"low itself, so the step ends (lab 03.3's code, the reference here): high, still "
         f"RUNNING, is skipped. Got preempted {out.preempted_req_ids}, scheduled "
@@ -333,7 +361,12 @@ def test_running_request_skipped_for_a_step_gets_its_tokens_resent(impl):
     )
     out = schedule(sched, "step 6")
     cached = out.scheduled_cached_reqs
-    assert cached.req_ids == ["high"] and cached.resumed_req_ids == set(), (
+    assert cached.req_ids == ["high"], (
+        f"Step 6: high was RUNNING all along (skipped, not preempted): it is a running "
+        f"request, not a resumed one. Got req_ids {cached.req_ids}, resumed "
+        f"{cached.resumed_req_ids}."
+    )
+    assert cached.resumed_req_ids == set(), (
         f"Step 6: high was RUNNING all along (skipped, not preempted): it is a running "
         f"request, not a resumed one. Got req_ids {cached.req_ids}, resumed "
         f"{cached.resumed_req_ids}."
@@ -513,7 +546,7 @@ class Worker:
         self.last_batch = scheduled
 
     def sampled(self, runner_output):
-        for r, toks in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+        for r, toks in zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True):
             if r in self.tokens:
                 self.tokens[r] += toks
 

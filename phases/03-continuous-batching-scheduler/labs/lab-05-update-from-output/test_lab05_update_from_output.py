@@ -274,7 +274,10 @@ def test_tokens_after_the_stopping_token_are_dropped(impl):
         f"token and the 3rd is dropped. The request holds {list(b.output_token_ids)}, the "
         f"output reports {got['b'].new_token_ids}; expected [1000, 1001]."
     )
-    assert list(c.output_token_ids) == [1000, 1001, 1002] and not c.is_finished(), (
+    assert list(c.output_token_ids) == [1000, 1001, 1002], (
+        f"c does not stop, so all 3 of its tokens are kept and it keeps RUNNING; got {describe(c)}."
+    )
+    assert not c.is_finished(), (
         f"c does not stop, so all 3 of its tokens are kept and it keeps RUNNING; got {describe(c)}."
     )
 
@@ -322,14 +325,25 @@ def test_stopped_request_is_finished_freed_and_leaves_running(impl):
         f"expected {free_before + b_blocks} after, got {free_after}."
     )
     out = schedule(sched, "step 2")
-    assert out.finished_req_ids == {"b"} and "b" not in out.num_scheduled_tokens, (
+    assert out.finished_req_ids == {"b"}, (
+        f"Step 2: the workers learn that b finished from finished_req_ids (filled by "
+        f"_free_request), and b is not scheduled: expected finished {{'b'}}, got "
+        f"{out.finished_req_ids}; scheduled {dict(out.num_scheduled_tokens)}."
+    )
+    assert "b" not in out.num_scheduled_tokens, (
         f"Step 2: the workers learn that b finished from finished_req_ids (filled by "
         f"_free_request), and b is not scheduled: expected finished {{'b'}}, got "
         f"{out.finished_req_ids}; scheduled {dict(out.num_scheduled_tokens)}."
     )
     sched.update_from_output(out, runner_output(out, {"a": [EOS], "c": [7]}))
     running = [r.request_id for r in sched.running]
-    assert running == [] and a.status == c.status == STOPPED, (
+    assert running == [], (
+        f"Step 2: a (EOS) and c (stop token) both stop in the same step, so running must be "
+        f"empty afterwards; got running {running}, a {a.status.name}, c {c.status.name}. "
+        f"remove_all RETURNS the new list when it removes more than one request: assign it "
+        f"(self.running = remove_all(...))."
+    )
+    assert a.status == c.status == STOPPED, (
         f"Step 2: a (EOS) and c (stop token) both stop in the same step, so running must be "
         f"empty afterwards; got running {running}, a {a.status.name}, c {c.status.name}. "
         f"remove_all RETURNS the new list when it removes more than one request: assign it "

@@ -379,7 +379,9 @@ def admissions(out, waiting_before):
     """(req_id, num_computed_tokens at admission) of the requests admitted this step."""
     got = [(d.req_id, d.num_computed_tokens) for d in out.scheduled_new_reqs]
     c = out.scheduled_cached_reqs
-    got += [(r, n) for r, n in zip(c.req_ids, c.num_computed_tokens) if r in waiting_before]
+    got += [
+        (r, n) for r, n in zip(c.req_ids, c.num_computed_tokens, strict=True) if r in waiting_before
+    ]
     return got
 
 

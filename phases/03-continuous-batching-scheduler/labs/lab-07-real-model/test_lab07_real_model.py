@@ -89,9 +89,12 @@ def compare(llm, student_cls, **kwargs):
     expected, ref_stats = generate(llm, ReferenceScheduler, **kwargs)
     assert ref_stats["num_preemptions"] > 0, "the setup must force preemptions"
     tokenizer = llm.get_tokenizer()
-    for i, (e, g) in enumerate(zip(expected, got)):
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
         if e != g:
-            k = next((j for j, (a, b) in enumerate(zip(e, g)) if a != b), min(len(e), len(g)))
+            k = next(
+                (j for j, (a, b) in enumerate(zip(e, g, strict=False)) if a != b),
+                min(len(e), len(g)),
+            )
             pytest.fail(
                 f"prompt {i} ({PROMPTS[i][:40]!r}...): output token {k} differs: reference "
                 f"{e[k : k + 1]} {tokenizer.decode(e[: k + 1])!r}, yours {g[k : k + 1]} "

@@ -16,10 +16,10 @@ import importlib
 
 import pytest
 import torch
-
-from mini_vllm.attention.ops import merge_attn_states as reference_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from mini_vllm.attention.ops import merge_attn_states as reference_module
 
 pytestmark = pytest.mark.timeout(60)
 PROPERTY = settings(
@@ -85,7 +85,8 @@ def test_merge_equals_attention_over_all_keys(impl, T, H, D, N, cut, seed):
         msg=lambda m: (
             f"Merging attention over keys [0, {c}) and [{c}, {N}) must equal attention "
             f"over all {N} keys: out = w_P * out_P + w_S * out_S with w_X = exp(lse_X - lse), "
-            f"lse = log(exp(lse_P) + exp(lse_S)). Shapes: out [T={T}, H={H}, D={D}], lse [H, T].\n{m}"
+            f"lse = log(exp(lse_P) + exp(lse_S)). "
+            f"Shapes: out [T={T}, H={H}, D={D}], lse [H, T].\n{m}"
         ),
     )
     torch.testing.assert_close(

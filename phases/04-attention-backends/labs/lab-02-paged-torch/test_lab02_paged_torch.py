@@ -7,8 +7,8 @@ its keys and values back through its block table, giving query head h the
 KV head h // group, and the causal mask of a chunk over cached context.
 
 The oracle is attention from its definition, in float64, over the same keys
-and values kept unpaged (``dense_attention`` in ``phase04_helpers.py``); the batches use shuffled block
-ids, partial last blocks and NaN in every slot that holds no token. At the
+and values kept unpaged (``dense_attention`` in ``phase04_helpers.py``); the batches
+use shuffled block ids, partial last blocks and NaN in every slot that holds no token. At the
 end your backend runs a tiny Llama through the engine and must produce
 HuggingFace transformers' greedy tokens.
 """
@@ -20,12 +20,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phase04_helpers import dense_attention
-
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.testing import hf_greedy
 from mini_vllm.worker import gpu_worker
+
+from phase04_helpers import dense_attention
 
 pytestmark = pytest.mark.timeout(60)
 PROPERTY = settings(
@@ -206,7 +206,7 @@ def test_engine_greedy_tokens_equal_transformers(impl, tiny_llama, monkeypatch):
         SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
         use_tqdm=False,
     )
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(prompts, outs, strict=True):
         want = hf_greedy(hf, prompt, 6)
         assert out.outputs[0].token_ids == want, (
             f"Greedy tokens through the engine with your backend differ from HuggingFace "

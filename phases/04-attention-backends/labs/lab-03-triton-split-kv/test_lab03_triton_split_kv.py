@@ -86,18 +86,18 @@ def partials(num_reqs, num_heads, num_splits, head_size, empty, seed, offset=0.0
     ``offset`` shifts every max score (large logits)."""
     g = torch.Generator().manual_seed(seed)
     m = torch.randn(num_reqs, num_heads, num_splits, generator=g) * 3 + offset
-    l = torch.rand(num_reqs, num_heads, num_splits, generator=g) * 5 + 0.5
-    acc = torch.randn(num_reqs, num_heads, num_splits, head_size, generator=g) * l[..., None]
-    m[:, :, empty], l[:, :, empty], acc[:, :, empty] = float("-inf"), 0.0, 0.0
-    return m, l, acc
+    sums = torch.rand(num_reqs, num_heads, num_splits, generator=g) * 5 + 0.5
+    acc = torch.randn(num_reqs, num_heads, num_splits, head_size, generator=g) * sums[..., None]
+    m[:, :, empty], sums[:, :, empty], acc[:, :, empty] = float("-inf"), 0.0, 0.0
+    return m, sums, acc
 
 
-def merged_by_torch(m, l, acc):
+def merged_by_torch(m, sums, acc):
     """Fold merge_attn_states over the splits: split s is the partial result
     (acc_s / l_s, lse_s = m_s + log l_s); an empty split has lse -inf."""
     R, H, S, D = acc.shape
-    lse_s = m + torch.log(l)  # empty: -inf + log 0 = -inf
-    out_s = torch.where(l[..., None] > 0, acc / l.clamp_min(1e-30)[..., None], 0.0)
+    lse_s = m + torch.log(sums)  # empty: -inf + log 0 = -inf
+    out_s = torch.where(sums[..., None] > 0, acc / sums.clamp_min(1e-30)[..., None], 0.0)
     out, lse = out_s[:, :, 0].clone(), lse_s[:, :, 0].T.clone()  # [R, H, D], [H, R]
     for s in range(1, S):
         merge_attn_states(out, out.clone(), lse.clone(), out_s[:, :, s], lse_s[:, :, s].T, lse)
@@ -115,8 +115,8 @@ def test_merge_kernel_on_stage1_partials(impl, num_splits, empty, dtype):
     R, H, D = 3, 4, 24  # D not a power of 2: HEAD_PAD = 32 with masked lanes
     # float32 only: max scores around 200, where exp(m) overflows float32.
     offset = 200.0 if dtype == torch.float32 else 0.0
-    m, l, acc = partials(R, H, num_splits, D, empty, seed=num_splits, offset=offset)
-    want = merged_by_torch(m, l, acc).to(dtype)
+    m, sums, acc = partials(R, H, num_splits, D, empty, seed=num_splits, offset=offset)
+    want = merged_by_torch(m, sums, acc).to(dtype)
     qsl = torch.tensor([0, 2, 3, 5], dtype=torch.int32)  # request i writes row qsl[i]
     out = torch.full((6, H, D), 7.0, dtype=dtype, device=DEVICE)
     with your_kernel(impl):
@@ -125,7 +125,7 @@ def test_merge_kernel_on_stage1_partials(impl, num_splits, empty, dtype):
             qsl.to(DEVICE),
             acc.to(DEVICE),
             m.to(DEVICE),
-            l.to(DEVICE),
+            sums.to(DEVICE),
             H,
             num_splits,
             out.stride(0),
@@ -209,7 +209,8 @@ def test_decode_attention_matches_torch_backend(impl, paged, dtype, num_splits):
         rtol=rtol,
         msg=lambda msg: (
             f"decode_attention with num_splits={num_splits}, tile_n=16, {dtype}, "
-            f"contexts {[c + 1 for c, _ in layout]} (GQA 6/2) differs from the torch backend beyond "
+            f"contexts {[c + 1 for c, _ in layout]} (GQA 6/2) differs from the torch backend "
+            "beyond "
             f"the {dtype} tolerance (atol {atol}, rtol {rtol}; see the module docstring). Every "
             f"split's partial result must count by its weight exp(m_s - M), empty ones by 0.\n{msg}"
         ),
@@ -243,7 +244,7 @@ def test_engine_triton_backend_greedy_tokens(impl, tiny_llama):
             SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
             use_tqdm=False,
         )
-    for prompt, out in zip(prompts, outs):
+    for prompt, out in zip(prompts, outs, strict=True):
         want = hf_greedy(hf, prompt, 5)
         assert out.outputs[0].token_ids == want, (
             f"With attention_backend='triton', greedy tokens for a prompt of {len(prompt)} tokens "

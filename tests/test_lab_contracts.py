@@ -1,0 +1,75 @@
+"""Lab contracts: every generated starter reads no undefined name, and the
+generator holds each region to its contract (its first HINT names what it
+must leave defined; the starter binds a placeholder for each such name)."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mini_vllm.grading import regions as R
+
+
+def undefined_names(text: str) -> list[str]:
+    """ruff's F821 (undefined name) findings for a module's text."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F821"]
+        + ["--output-format", "concise", "--stdin-filename", "starter.py", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode in (0, 1), out.stderr  # 2: ruff itself failed
+    return [line for line in out.stdout.splitlines() if "F821" in line]
+
+
+@pytest.mark.parametrize("rel", sorted(str(p) for p in R.all_starters()))
+def test_starter_reads_no_undefined_name(rel):
+    text = R.all_starters()[Path(rel)]
+    assert undefined_names(text) == [], f"labs/{rel}: a region leaves a name undefined"
+
+
+# A planted reference module: the region binds `total`, which the code after it reads.
+PLANTED = """
+def add_all(xs):
+    xs = list(xs)
+    # BEGIN LAB 99.1: sum the list
+    # HINT: {hint}
+    total = 0
+    for x in xs:
+        total += x
+    # END LAB 99.1
+    return total
+"""
+
+
+def planted_starter(tmp_path, monkeypatch, hint: str) -> str:
+    module = tmp_path / "mini_vllm" / "planted.py"
+    module.parent.mkdir()
+    module.write_text(textwrap.dedent(PLANTED.format(hint=hint)))
+    monkeypatch.setattr(R, "REPO_ROOT", tmp_path)
+    return R.make_starter(module, "99", set())
+
+
+def test_the_check_sees_a_region_that_leaves_a_name_undefined(tmp_path, monkeypatch):
+    starter = planted_starter(tmp_path, monkeypatch, "receives xs; leaves total.")
+    assert "total = None" in starter  # the generator's placeholder
+    without = starter.replace("total = None", "pass")  # what the old generator wrote
+    assert undefined_names(starter) == []
+    assert len(undefined_names(without)) == 1, without
+
+
+def test_a_first_hint_that_does_not_name_the_contract_is_refused(tmp_path, monkeypatch):
+    with pytest.raises(R.RegionError, match="must name what the region leaves defined.*total"):
+        planted_starter(tmp_path, monkeypatch, "add them up.")
+
+
+def test_the_header_lists_every_region_of_a_lab():
+    text = R.all_starters()[Path("phase_02/block_pool.py")]
+    header = text.split('"""')[1]
+    for path, regions in R.reference_modules("02").items():
+        if path.name == "block_pool.py":
+            for region in regions:
+                assert f"  - {region.title}" in header, region

@@ -1,0 +1,40 @@
+"""The Makefile's lint and jupyter targets, read with ``make -n`` (nothing runs)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+
+
+def dry_run(target: str) -> list[str]:
+    out = subprocess.run(
+        ["make", "-n", "--always-make", target], cwd=REPO, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_make_lint_runs_ruff_check_and_format_check():
+    lines = dry_run("lint")
+    assert ".venv/bin/ruff check ." in lines
+    assert ".venv/bin/ruff format --check ." in lines
+
+
+def test_make_test_lints_before_pytest():
+    lines = dry_run("test")
+    lint = lines.index(".venv/bin/ruff check .")
+    pytest_runs = [i for i, line in enumerate(lines) if "-m pytest" in line]
+    assert pytest_runs and lint < pytest_runs[0], lines
+
+
+def test_make_jupyter_installs_registers_then_opens_notebooks():
+    lines = dry_run("jupyter")
+    install = lines.index(".venv/bin/pip install -e '.[dev,jupyter]'")
+    kernel = next(i for i, line in enumerate(lines) if "-m ipykernel install" in line)
+    lab = lines.index(".venv/bin/jupyter lab notebooks/")
+    assert install < kernel < lab, lines
