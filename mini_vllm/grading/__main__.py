@@ -105,7 +105,7 @@ def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_arg
     if not lab:
         from mini_vllm.grading.upstream_tests import upstream_tests_line
 
-        line = upstream_tests_line(phase, impl)
+        line = upstream_tests_line(phase, impl, hung=outcome.hung)
         if line:
             print(line)
     full = summary["max_score"] > 0 and summary["score"] == summary["max_score"]

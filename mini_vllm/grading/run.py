@@ -48,6 +48,7 @@ FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>\S+
 class Outcome:
     results: dict | None  # None: no score (``problem`` says why)
     complete: bool = True  # False: a child had to be stopped
+    hung: bool = False  # a test ran past its time limit
     interrupted: bool = False
     problem: str = ""
 
@@ -249,4 +250,5 @@ def finish(
     for entry in by_id.values():
         if entry.get("hung") and entry["status"] != "failed":
             entry.update(status="failed", output=f"call: {entry['hung']}")
-    return Outcome(results_of(by_id, run_id), complete=complete and returncode in (0, 1))
+    hung = not complete or any(entry.get("hung") for entry in by_id.values())
+    return Outcome(results_of(by_id, run_id), complete=complete and returncode in (0, 1), hung=hung)

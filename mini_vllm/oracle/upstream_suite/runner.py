@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,8 +42,11 @@ SCOPE = Path(__file__).with_name("scope.toml")
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
-def run_pytest(target: str, node_ids: list[str], extra: tuple[str, ...] = ()) -> dict:
-    """{node id: outcome} for ``node_ids`` run against ``target``."""
+def run_pytest(
+    target: str, node_ids: list[str], extra: tuple[str, ...] = (), timeout: float | None = None
+) -> dict:
+    """{node id: outcome} for ``node_ids`` run against ``target``. Past ``timeout``
+    seconds (or on Ctrl-C) the run and every process it started are killed."""
     if not node_ids:
         return {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,13 +60,22 @@ def run_pytest(target: str, node_ids: list[str], extra: tuple[str, ...] = ()) ->
         ]  # fmt: skip
         paths = [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]
         pythonpath = os.pathsep.join(filter(None, paths))
-        subprocess.run(
+        child = subprocess.Popen(
             command,
             cwd=tests_root(),
             env={**os.environ, "PYTHONPATH": pythonpath},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: killed whole, never orphaned
         )
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"stopped after {timeout:g} s: a test did not finish") from None
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
         if not report.exists():
             raise RuntimeError(
                 f"pytest against {target} wrote no report (run it by hand: {command})"
@@ -94,6 +107,11 @@ LAB_FILES = {
 }
 
 
+# The line under a phase's score runs ~25 tests that take seconds; a student's
+# loop that never ends must not hold the grader longer than this.
+PHASE_LINE_TIMEOUT = 180.0
+
+
 def phase_line(phase: str, impl: str = "labs") -> str:
     """How many of upstream's in-scope tests for ``phase``'s modules pass on the
     student's starters (``impl="labs"``) or on the reference (``"ref"``)."""
@@ -104,7 +122,7 @@ def phase_line(phase: str, impl: str = "labs") -> str:
         if inside and key.split("::")[0] in LAB_FILES[phase]
     ]
     extra = ("--upstream-labs", phase) if impl == "labs" else ()
-    results = run_pytest("mini_vllm", selected, extra)
+    results = run_pytest("mini_vllm", selected, extra, timeout=PHASE_LINE_TIMEOUT)
     counted = [node for node in results if (verdict(scope, node) or (False,))[0]]
     passed = sum(results[node] == "passed" for node in counted)
     whose = "your code" if impl == "labs" else "the reference"
