@@ -33,54 +33,11 @@ from __future__ import annotations
 
 import torch
 
+from mini_vllm.sample.logits_processor.state import BatchUpdateBuilder
 from mini_vllm.sample.metadata import SamplingMetadata
 from mini_vllm.utils import copy_slice
 from mini_vllm.worker.block_table import MultiGroupBlockTable
 from mini_vllm.worker.gpu_model_runner import CachedRequestState
-
-
-class BatchUpdateBuilder:
-    """The rows removed this step, handed out lowest first, and whether the batch changed.
-
-    Mirrors upstream's ``BatchUpdateBuilder``
-    (vllm/v1/sample/logits_processor/state.py:18) without the added/moved
-    records its logits processors read. All removals of a step come before
-    the first read of ``removed``; from then on the list stays sorted in
-    descending order, so its lowest row is at the end.
-    """
-
-    def __init__(self) -> None:
-        self._removed: list[int] = []
-        self._is_removed_sorted = False
-        self.batch_changed = False
-
-    @property
-    def removed(self) -> list[int]:
-        if not self._is_removed_sorted:
-            self._removed.sort(reverse=True)
-            self._is_removed_sorted = True
-        return self._removed
-
-    def removed_append(self, index: int) -> None:
-        if self._is_removed_sorted:
-            raise RuntimeError(
-                "Cannot register a removed request after `removed` was read this step."
-            )
-        self._removed.append(index)
-        self.batch_changed = True
-
-    def peek_removed(self) -> int | None:
-        return self.removed[-1] if self._removed else None
-
-    def pop_removed(self) -> int | None:
-        return self.removed.pop() if self._removed else None
-
-    def reset(self) -> bool:
-        """Start a new step; return whether the batch changed in the last one."""
-        self._removed.clear()
-        self._is_removed_sorted = False
-        changed, self.batch_changed = self.batch_changed, False
-        return changed
 
 
 class InputBatch:
