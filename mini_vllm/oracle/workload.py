@@ -128,6 +128,23 @@ def _outputs(result) -> list:
     ]
 
 
+def make_request(backend, spec: RequestSpec, arrival_time: float, block_size: int):
+    """The backend's Request for ``spec`` (mini_vllm.testing or the upstream adapter)."""
+    (request,) = backend.create_requests(
+        1,
+        max_tokens=spec.max_tokens,
+        stop_token_ids=list(spec.stop_token_ids) or None,
+        block_size=block_size,
+        req_ids=[spec.req_id],
+        prompt_token_ids=[spec.prompt_token_ids],
+        priorities=[spec.priority],
+        arrival_times=[arrival_time],
+        min_tokens=spec.min_tokens,
+        ignore_eos=spec.ignore_eos,
+    )
+    return request
+
+
 def run_workload(backend, workload: Workload, scheduler=None) -> dict:
     """Run a workload to completion and return its trace.
 
@@ -149,18 +166,7 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
     while True:
         while next_arrival < len(arrival_order) and arrival_order[next_arrival].arrive_step <= step:
             spec = arrival_order[next_arrival]
-            (request,) = backend.create_requests(
-                1,
-                max_tokens=spec.max_tokens,
-                stop_token_ids=list(spec.stop_token_ids) or None,
-                block_size=block_size,
-                req_ids=[spec.req_id],
-                prompt_token_ids=[spec.prompt_token_ids],
-                priorities=[spec.priority],
-                arrival_times=[arrival_time[spec.req_id]],
-                min_tokens=spec.min_tokens,
-                ignore_eos=spec.ignore_eos,
-            )
+            request = make_request(backend, spec, arrival_time[spec.req_id], block_size)
             sched.add_request(request)
             objects[spec.req_id] = request
             next_arrival += 1

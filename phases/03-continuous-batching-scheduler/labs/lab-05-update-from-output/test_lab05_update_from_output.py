@@ -33,7 +33,7 @@ import mini_vllm.testing as mini
 from mini_vllm.engine import FinishReason
 from mini_vllm.grading import checks
 from mini_vllm.oracle import strategies
-from mini_vllm.oracle.workload import Progress, fake_token
+from mini_vllm.oracle.workload import Progress, fake_token, make_request
 from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import RequestStatus
 
@@ -424,18 +424,7 @@ def run_with_speculation(impl, workload):
     for i in range(workload.max_steps):
         while nxt < len(arrivals) and arrivals[nxt].arrive_step <= i:
             s = arrivals[nxt]
-            (r,) = mini.create_requests(
-                1,
-                max_tokens=s.max_tokens,
-                stop_token_ids=list(s.stop_token_ids) or None,
-                block_size=block_size,
-                req_ids=[s.req_id],
-                prompt_token_ids=[s.prompt_token_ids],
-                priorities=[s.priority],
-                arrival_times=[float(workload.requests.index(s))],
-                min_tokens=s.min_tokens,
-                ignore_eos=s.ignore_eos,
-            )
+            r = make_request(mini, s, float(workload.requests.index(s)), block_size)
             sched.add_request(r)
             objects[s.req_id] = r
             nxt += 1
