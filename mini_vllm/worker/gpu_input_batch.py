@@ -124,6 +124,15 @@ class InputBatch:
         self.req_output_token_ids: list[list[int] | None] = []
 
         self.batch_update_builder = BatchUpdateBuilder()
+        # The numpy arrays with one value per row: swap_states and condense move them all.
+        self.per_row_arrays = (
+            self.num_tokens_no_spec,
+            self.num_prompt_tokens,
+            self.num_computed_tokens_cpu,
+            self.temperature_cpu,
+            self.top_p_cpu,
+            self.top_k_cpu,
+        )
         self.sampling_metadata = self._make_sampling_metadata()
 
     @property
@@ -246,14 +255,7 @@ class InputBatch:
         pair, flipped = [i1, i2], [i2, i1]
         # Fancy indexing on the right copies, so each pair swaps safely.
         self.token_ids_cpu[pair, :n] = self.token_ids_cpu[flipped, :n]
-        for array in (
-            self.num_tokens_no_spec,
-            self.num_prompt_tokens,
-            self.num_computed_tokens_cpu,
-            self.temperature_cpu,
-            self.top_p_cpu,
-            self.top_k_cpu,
-        ):
+        for array in self.per_row_arrays:
             array[pair] = array[flipped]
         self.block_table.swap_row(i1, i2)
         for by_row in (self.generators, self.min_tokens):
@@ -296,14 +298,7 @@ class InputBatch:
         self.req_id_to_index[req_id] = tgt
         n = self.num_tokens_no_spec[src]
         self.token_ids_cpu[tgt, :n] = self.token_ids_cpu[src, :n]
-        for array in (
-            self.num_tokens_no_spec,
-            self.num_prompt_tokens,
-            self.num_computed_tokens_cpu,
-            self.temperature_cpu,
-            self.top_p_cpu,
-            self.top_k_cpu,
-        ):
+        for array in self.per_row_arrays:
             array[tgt] = array[src]
         self.block_table.move_row(src, tgt)
         for by_row in (self.generators, self.min_tokens):
