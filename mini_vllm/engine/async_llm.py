@@ -1,0 +1,351 @@
+"""``AsyncLLM``: many concurrent callers, one engine, continuous batching.
+
+Mirrors upstream ``vllm/v1/engine/async_llm.py`` (``AsyncLLM`` :70, ``add_request``
+:280, ``generate`` :524, the output handler :637, ``abort`` :709) and
+``RequestOutputCollector`` (vllm/v1/engine/output_processor.py:45) at v0.22.1.
+
+Two sides, as upstream, with a thread where upstream has a process:
+- the engine core (``EngineCoreThread``, upstream's ``EngineCoreProc`` busy loop,
+  vllm/v1/engine/core.py): a thread that owns ``EngineCore`` alone. It applies
+  the adds and aborts waiting in its input queue, runs one ``step()``, and hands
+  the ``EngineCoreOutputs`` to the event loop; with nothing to do it blocks on
+  the input queue.
+- the front end, on the asyncio event loop: ``add_request`` validates and
+  tokenizes (``InputProcessor``; a bad request raises ``ValueError`` here and
+  nothing is queued), the output handler task runs ``OutputProcessor`` on each
+  step's outputs and puts every ``RequestOutput`` into its request's collector,
+  and ``generate`` reads the collector and yields.
+
+Invariants: only the engine-core thread touches ``EngineCore``; only the event
+loop touches the input and output processors and the collectors. A generator
+closed early (the client went away: ``GeneratorExit`` or ``CancelledError``)
+aborts its requests, whose KV blocks the engine core then frees.
+
+Differences (see UPSTREAM_PIN.md):
+- ``n`` and the output kind are arguments of ``generate`` (upstream: the
+  ``SamplingParams`` fields ``n`` and ``output_kind``). ``n > 1`` fans out to
+  child requests ``f"{index}_{request_id}"`` with seed ``seed + index``, as
+  upstream's ``ParentRequest`` (vllm/v1/engine/parallel_sampling.py:92).
+- mini_vllm's ``OutputProcessor`` makes cumulative outputs; ``generate`` turns
+  them into deltas for ``RequestOutputKind.DELTA`` (upstream's output processor
+  makes the deltas). A collector keeps only the newest cumulative output of each
+  child, so a slow reader gets one delta covering everything it missed, as
+  upstream's collector merges deltas.
+- A step that raises fails the requests the engine core held (each caller gets
+  ``EngineGenerateError``; their KV blocks are freed and leave the prefix cache,
+  ``EngineCore.fail_requests``) and the loop keeps serving. Upstream's engine
+  core dies instead (``EngineDeadError``).
+Left out: the ZMQ process boundary, data parallelism, LoRA, pooling, streaming
+input, pause/resume, sleep, profiling, tracing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import enum
+import queue
+import threading
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from mini_vllm.engine import EngineCoreOutputs
+from mini_vllm.engine.llm_engine import LLMEngine
+from mini_vllm.metrics.loggers import PrometheusStatLogger
+from mini_vllm.outputs import CompletionOutput, RequestOutput
+from mini_vllm.sampling_params import SamplingParams
+
+
+class RequestOutputKind(enum.Enum):
+    """What each yielded output holds (upstream: vllm/sampling_params.py, on SamplingParams)."""
+
+    CUMULATIVE = 0  # everything so far
+    DELTA = 1  # only what is new since the last yield
+    FINAL_ONLY = 2  # one output, when every completion has finished
+
+
+class EngineGenerateError(Exception):
+    """A request failed inside the engine (upstream: vllm/v1/engine/exceptions.py)."""
+
+
+class EngineCoreThread:
+    """The engine-core side: one thread that alone adds, aborts and steps."""
+
+    def __init__(self, llm_engine: LLMEngine, on_output) -> None:
+        self.engine_core = llm_engine.engine_core
+        self.on_output = on_output  # called on this thread with each step's result
+        self.input_queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self.run_busy_loop, name="EngineCore", daemon=True)
+        self.thread.start()
+
+    def add_requests(self, requests) -> None:
+        self.input_queue.put(("add", requests))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.input_queue.put(("abort", request_ids))
+
+    def shutdown(self) -> None:
+        self.input_queue.put(("shutdown", None))
+        self.thread.join()
+
+    def _process_input_queue(self) -> bool:
+        """Apply every waiting input, blocking first while the core is idle.
+
+        Returns False on shutdown."""
+        core = self.engine_core
+        block = not core.scheduler.has_requests()
+        while True:
+            try:
+                kind, payload = self.input_queue.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if kind == "shutdown":
+                return False
+            if kind == "add":
+                for request in payload:
+                    core.add_request(request)
+            else:
+                core.abort_requests(payload)
+
+    def run_busy_loop(self) -> None:
+        while self._process_input_queue():
+            try:
+                outputs = self.engine_core.step()
+            except Exception as e:
+                failed = list(self.engine_core.scheduler.requests)
+                self.engine_core.fail_requests(failed)
+                self.on_output((failed, e))
+                continue
+            self.on_output(outputs)
+
+
+class RequestOutputCollector:
+    """One parent request's outputs, from the output handler to ``generate``.
+
+    Keeps the newest cumulative output of each child not yet read (an
+    exception replaces everything)."""
+
+    def __init__(self, request_id: str, child_ids: list[str]) -> None:
+        self.request_id = request_id
+        self.child_ids = child_ids
+        self.pending: dict[int, RequestOutput] = {}
+        self.error: Exception | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, index: int, output: RequestOutput) -> None:
+        self.pending[index] = output
+        self.ready.set()
+
+    def put_error(self, error: Exception) -> None:
+        self.error = error
+        self.ready.set()
+
+    async def get(self) -> list[tuple[int, RequestOutput]]:
+        while not self.pending and self.error is None:
+            await self.ready.wait()
+        self.ready.clear()
+        if self.error is not None:
+            raise self.error
+        outputs = sorted(self.pending.items())
+        self.pending = {}
+        return outputs
+
+
+@dataclass
+class _Sent:
+    """How much of one child's output ``generate`` has yielded."""
+
+    text_len: int = 0
+    num_tokens: int = 0
+
+
+def _delta(output: RequestOutput, sent: _Sent) -> CompletionOutput:
+    """The part of a cumulative output not yet yielded."""
+    done = output.outputs[0]
+    delta = CompletionOutput(
+        index=done.index,
+        text=done.text[sent.text_len :],
+        token_ids=done.token_ids[sent.num_tokens :],
+        cumulative_logprob=done.cumulative_logprob,
+        logprobs=done.logprobs[sent.num_tokens :] if done.logprobs is not None else None,
+        finish_reason=done.finish_reason,
+        stop_reason=done.stop_reason,
+    )
+    sent.text_len, sent.num_tokens = len(done.text), len(done.token_ids)
+    return delta
+
+
+class AsyncLLM:
+    def __init__(self, llm_engine: LLMEngine, model_name: str = "") -> None:
+        self.llm_engine = llm_engine
+        self.vllm_config = llm_engine.vllm_config
+        self.tokenizer = llm_engine.tokenizer
+        self.input_processor = llm_engine.input_processor
+        self.output_processor = llm_engine.output_processor
+        self.stat_logger = PrometheusStatLogger(model_name)
+        self.collectors: dict[str, tuple[RequestOutputCollector, int]] = {}  # child id ->
+        self.engine_core: EngineCoreThread | None = None
+        self.output_handler: asyncio.Task | None = None
+        self.output_queue: asyncio.Queue | None = None
+
+    @classmethod
+    def from_model(cls, model: str, model_name: str = "", **llm_kwargs) -> AsyncLLM:
+        """Load ``model`` with ``LLM``'s arguments and defaults."""
+        from mini_vllm.entrypoints.llm import LLM
+
+        return cls(LLM(model, **llm_kwargs).llm_engine, model_name or model)
+
+    def _run_output_handler(self) -> None:
+        """Start the engine-core thread and the output handler, on first use."""
+        if self.output_handler is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self.output_queue = asyncio.Queue()
+        put = self.output_queue.put_nowait
+        self.engine_core = EngineCoreThread(
+            self.llm_engine, lambda item: loop.call_soon_threadsafe(put, item)
+        )
+        self.output_handler = loop.create_task(self._output_handler())
+
+    async def _output_handler(self) -> None:
+        while True:
+            item = await self.output_queue.get()
+            if isinstance(item, EngineCoreOutputs):
+                self._process_outputs(item)
+            else:
+                failed, error = item
+                self.output_processor.abort_requests(failed)
+                for request_id in failed:
+                    if (entry := self.collectors.pop(request_id, None)) is not None:
+                        err = EngineGenerateError(f"Request {request_id} failed in a step: {error}")
+                        entry[0].put_error(err)
+
+    def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
+        # Counted as upstream's IterationStats does: a request's prompt when its
+        # first token comes out, and every new token of a request still known.
+        num_prompt_tokens = num_generation_tokens = 0
+        for out in outputs.outputs:
+            state = self.output_processor.request_states.get(out.request_id)
+            if state is None or not out.new_token_ids:
+                continue
+            if not state.output_token_ids:
+                num_prompt_tokens += len(state.prompt_token_ids)
+            num_generation_tokens += len(out.new_token_ids)
+        processed = self.output_processor.process_outputs(outputs)
+        for output in processed.request_outputs:
+            collector, index = self.collectors[output.request_id]
+            collector.put(index, output)
+            if output.finished:
+                del self.collectors[output.request_id]
+        if processed.reqs_to_abort:
+            self.engine_core.abort_requests(processed.reqs_to_abort)
+        self.stat_logger.record(
+            outputs.scheduler_stats,
+            num_prompt_tokens,
+            num_generation_tokens,
+            tuple(o.outputs[0].finish_reason for o in processed.request_outputs if o.finished),
+        )
+
+    def add_request(
+        self, request_id: str, prompt, sampling_params: SamplingParams, n: int = 1
+    ) -> RequestOutputCollector:
+        """Validate and queue ``n`` child requests; ValueError queues nothing."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be at least 1, got {n}.")
+        self._run_output_handler()
+        child_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
+        if any(c in self.collectors for c in child_ids):
+            raise ValueError(f"Duplicate request id {request_id!r}.")
+        processed = []
+        for index, child_id in enumerate(child_ids):
+            params = sampling_params
+            if n > 1 and params.seed is not None:
+                params = copy.copy(params)
+                params.seed = sampling_params.seed + index
+            processed.append(self.input_processor.process_inputs(child_id, prompt, params))
+        collector = RequestOutputCollector(request_id, child_ids)
+        for index, (prompt_text, request) in enumerate(processed):
+            self.output_processor.add_request(
+                request.request_id,
+                prompt_text,
+                request.prompt_token_ids,
+                request.arrival_time,
+                request.sampling_params,
+            )
+            self.collectors[request.request_id] = (collector, index)
+        self.engine_core.add_requests([request for _, request in processed])
+        return collector
+
+    async def generate(
+        self,
+        prompt,
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        n: int = 1,
+        output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Yield ``RequestOutput``s of one request as the engine makes them.
+
+        Each holds one completion (``outputs[0].index`` says which of the
+        ``n``), except with ``FINAL_ONLY``: one output holding all ``n``."""
+        collector = None
+        try:
+            collector = self.add_request(request_id, prompt, sampling_params, n)
+            sent = [_Sent() for _ in range(n)]
+            final: list[RequestOutput | None] = [None] * n
+            while any(out is None for out in final):
+                for index, output in await collector.get():
+                    completion = output.outputs[0]
+                    if output.finished:
+                        final[index] = output
+                    if output_kind == RequestOutputKind.FINAL_ONLY:
+                        continue
+                    if output_kind == RequestOutputKind.DELTA:
+                        completion = _delta(output, sent[index])
+                    completion.index = index
+                    yield RequestOutput(
+                        request_id,
+                        output.prompt,
+                        output.prompt_token_ids,
+                        [completion],
+                        finished=all(out is not None for out in final),
+                        metrics=output.metrics,
+                    )
+            if output_kind == RequestOutputKind.FINAL_ONLY:
+                completions = []
+                for index, output in enumerate(final):
+                    completions.append(output.outputs[0])
+                    completions[-1].index = index
+                first = final[0]
+                yield RequestOutput(
+                    request_id,
+                    first.prompt,
+                    first.prompt_token_ids,
+                    completions,
+                    finished=True,
+                    metrics=first.metrics,
+                )
+        except BaseException:
+            # The caller went away (GeneratorExit, CancelledError) or a child
+            # failed: abort whatever of this request still runs.
+            if collector is not None:
+                self.abort(collector.child_ids)
+            raise
+
+    def abort(self, request_ids: str | list[str]) -> None:
+        """Forget these (child) requests here and free them in the engine core."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for request_id in request_ids:
+            self.collectors.pop(request_id, None)
+        known = self.output_processor.abort_requests(request_ids)
+        if known and self.engine_core is not None:
+            self.engine_core.abort_requests(known)
+
+    def shutdown(self) -> None:
+        if self.output_handler is not None:
+            self.output_handler.cancel()
+            self.engine_core.shutdown()
+            self.output_handler = None
