@@ -344,8 +344,16 @@ class AsyncLLM:
         if known and self.engine_core is not None:
             self.engine_core.abort_requests(known)
 
+    def check_health(self) -> bool:
+        """False once the engine-core thread has died (it never should)."""
+        return self.engine_core is None or self.engine_core.thread.is_alive()
+
     def shutdown(self) -> None:
-        if self.output_handler is not None:
-            self.output_handler.cancel()
+        """Stop the engine-core thread and the output handler (if they started)."""
+        if self.engine_core is not None:
             self.engine_core.shutdown()
+            self.engine_core = None
+        if self.output_handler is not None:
+            if not self.output_handler.get_loop().is_closed():
+                self.output_handler.cancel()
             self.output_handler = None

@@ -1,0 +1,228 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over one ``AsyncLLM``.
+
+Mirrors upstream ``vllm/entrypoints/openai/api_server.py`` (``build_app`` :157,
+``init_app_state`` :310, ``run_server`` :665) at v0.22.1, with its routes
+(``/v1/completions``: vllm/entrypoints/openai/completion/api_router.py:46;
+``/v1/models``: vllm/entrypoints/openai/models/api_router.py:20; ``/health``:
+vllm/entrypoints/serve/instrumentator/health.py:22), its exception handlers
+(vllm/entrypoints/openai/server_utils.py:378-443) and ``with_cancellation``
+(vllm/entrypoints/utils.py:57).
+
+Errors are the OpenAI JSON ``{"error": {"message", "type", "param", "code"}}``
+with the status in ``code``: a body that is not JSON or does not fit the
+request model is a 400 (FastAPI's RequestValidationError, as upstream turns
+it), an unknown model a 404, bad or unsupported values a 400, anything else a
+500; the server goes on serving. ``/metrics`` is the Prometheus text of
+``mini_vllm/metrics/loggers.py``.
+
+Left out: API keys, CORS, LoRA, tokenization/embedding/score/audio routes,
+multiple API server processes, SageMaker routes, the request logger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+from http import HTTPStatus
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from mini_vllm.engine.async_llm import AsyncLLM
+from mini_vllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from mini_vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from mini_vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from mini_vllm.entrypoints.openai.serving_engine import create_error_response
+
+
+async def listen_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def with_cancellation(handler_func):
+    """Cancel a handler whose client disconnected before it answered (its
+    generate() then aborts the request). A streaming response watches for the
+    disconnect itself once it has started."""
+
+    @functools.wraps(handler_func)
+    async def wrapper(request, raw_request: Request):
+        handler_task = asyncio.create_task(handler_func(request, raw_request))
+        cancellation_task = asyncio.create_task(listen_for_disconnect(raw_request))
+        done, pending = await asyncio.wait(
+            [handler_task, cancellation_task], return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in pending:
+            task.cancel()
+        if handler_task in done:
+            return handler_task.result()
+        return None
+
+    return wrapper
+
+
+def _respond(result):
+    """A handler's result as an HTTP response: error JSON, JSON, or an SSE stream."""
+    if isinstance(result, ErrorResponse):
+        return JSONResponse(result.model_dump(), status_code=result.error.code)
+    if hasattr(result, "model_dump"):
+        return JSONResponse(result.model_dump())
+    return StreamingResponse(result, media_type="text/event-stream")
+
+
+@with_cancellation
+async def create_completion(request: CompletionRequest, raw_request: Request):
+    handler: OpenAIServingCompletion = raw_request.app.state.openai_serving_completion
+    return _respond(await handler.create_completion(request))
+
+
+@with_cancellation
+async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request):
+    handler: OpenAIServingChat = raw_request.app.state.openai_serving_chat
+    return _respond(await handler.create_chat_completion(request))
+
+
+async def show_available_models(raw_request: Request) -> JSONResponse:
+    state = raw_request.app.state
+    max_model_len = state.engine_client.vllm_config.model_config.max_model_len
+    models = ModelList(
+        data=[
+            ModelCard(id=name, root=state.args.model, max_model_len=max_model_len)
+            for name in state.served_model_names
+        ]
+    )
+    return JSONResponse(models.model_dump())
+
+
+async def health(raw_request: Request) -> Response:
+    healthy = raw_request.app.state.engine_client.check_health()
+    return Response(status_code=200 if healthy else 503)
+
+
+async def metrics(raw_request: Request) -> Response:
+    logger = raw_request.app.state.engine_client.stat_logger
+    return Response(logger.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def http_exception_handler(req: Request, exc: HTTPException) -> JSONResponse:
+    err = ErrorResponse(
+        error=ErrorInfo(
+            message=str(exc.detail), type=HTTPStatus(exc.status_code).phrase, code=exc.status_code
+        )
+    )
+    return JSONResponse(err.model_dump(), status_code=exc.status_code)
+
+
+async def validation_exception_handler(req: Request, exc: RequestValidationError) -> JSONResponse:
+    exc_str, errors_str = str(exc), str(exc.errors())
+    message = f"{exc_str} {errors_str}" if exc.errors() and errors_str != exc_str else exc_str
+    err = ErrorResponse(
+        error=ErrorInfo(
+            message=message, type=HTTPStatus.BAD_REQUEST.phrase, code=HTTPStatus.BAD_REQUEST
+        )
+    )
+    return JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)
+
+
+async def exception_handler(req: Request, exc: Exception) -> JSONResponse:
+    err = create_error_response(exc)
+    return JSONResponse(err.model_dump(), status_code=err.error.code)
+
+
+def build_app(args: argparse.Namespace) -> FastAPI:
+    app = FastAPI()
+    app.state.args = args
+    app.post("/v1/completions")(create_completion)
+    app.post("/v1/chat/completions")(create_chat_completion)
+    app.get("/v1/models")(show_available_models)
+    app.get("/health", response_class=Response)(health)
+    app.get("/metrics", response_class=Response)(metrics)
+    app.exception_handler(HTTPException)(http_exception_handler)
+    app.exception_handler(RequestValidationError)(validation_exception_handler)
+    app.exception_handler(Exception)(exception_handler)
+    return app
+
+
+def init_app_state(engine_client: AsyncLLM, state, args: argparse.Namespace) -> None:
+    served_model_names = args.served_model_name or [args.model]
+    state.engine_client = engine_client
+    state.args = args
+    state.served_model_names = served_model_names
+    state.openai_serving_completion = OpenAIServingCompletion(engine_client, served_model_names)
+    state.openai_serving_chat = OpenAIServingChat(engine_client, served_model_names)
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``mini-vllm serve``'s arguments (upstream: vllm/entrypoints/openai/cli_args.py)."""
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="a model folder or .gguf file; default: the SmolLM2-135M-Instruct GGUF",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the model name(s) clients use (default: the model path)",
+    )
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=256 << 20)
+    parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    return parser
+
+
+def build_async_engine_client(args: argparse.Namespace) -> AsyncLLM:
+    """Load the model named by ``args`` into an AsyncLLM."""
+    from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+
+    if args.model is None:
+        args.model = str(smollm2_gguf_path())
+    served = args.served_model_name or [args.model]
+    return AsyncLLM.from_model(
+        args.model,
+        model_name=served[0],
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        enable_prefix_caching=not args.no_prefix_caching,
+        device=args.device,
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
+    )
+
+
+def run_server(args: argparse.Namespace, engine_client: AsyncLLM | None = None) -> None:
+    """Serve until interrupted (Ctrl-C)."""
+    import uvicorn
+
+    if engine_client is None:
+        engine_client = build_async_engine_client(args)
+    app = build_app(args)
+    init_app_state(engine_client, app.state, args)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        engine_client.shutdown()

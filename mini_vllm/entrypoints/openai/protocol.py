@@ -1,0 +1,274 @@
+"""The OpenAI API's request and response shapes, for what mini_vllm serves.
+
+Mirrors upstream's pydantic models at v0.22.1: ``OpenAIBaseModel`` :27,
+``ErrorInfo`` :59, ``ErrorResponse`` :66, ``ModelCard`` :85, ``ModelList`` :96,
+``UsageInfo`` :105, ``StreamOptions`` :161, ``DeltaMessage`` :267
+(vllm/entrypoints/openai/engine/protocol.py); ``CompletionRequest`` :43 and the
+completion responses :465-531 (vllm/entrypoints/openai/completion/protocol.py);
+``ChatMessage`` :54 and the chat responses :84-147
+(vllm/entrypoints/openai/chat_completion/protocol.py). Response fields keep
+upstream's names, order and defaults, so that the JSON is byte for byte
+upstream's.
+
+Requests: every field a client may send that mini_vllm's ``SamplingParams`` has
+is passed to it by name (``to_sampling_params``); when SamplingParams gains a
+field, declaring it here is the one line needed. A field mini_vllm cannot honour
+(``UNSUPPORTED``) is accepted at its default and refused otherwise with a 400
+naming it. Unknown fields are ignored, as upstream (``extra="allow"``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import fields
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mini_vllm.sampling_params import SamplingParams
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def random_uuid() -> str:
+    return uuid.uuid4().hex
+
+
+class OpenAIBaseModel(BaseModel):
+    # The OpenAI API allows extra fields.
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorInfo(OpenAIBaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(OpenAIBaseModel):
+    error: ErrorInfo
+
+
+class UnsupportedParameterError(ValueError):
+    """A request field that mini_vllm cannot honour (a 400 naming it)."""
+
+    def __init__(self, parameter: str, value) -> None:
+        super().__init__(f"mini_vllm does not support `{parameter}` (got {value!r}).")
+        self.parameter = parameter
+
+
+class ModelCard(OpenAIBaseModel):
+    id: str
+    object: str = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "vllm"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+    permission: list[dict] = Field(default_factory=list)
+
+
+class ModelList(OpenAIBaseModel):
+    object: str = "list"
+    data: list[ModelCard] = Field(default_factory=list)
+
+
+class UsageInfo(OpenAIBaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int | None = 0
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+_SAMPLING_PARAMS_FIELDS = {f.name for f in fields(SamplingParams) if not f.name.startswith("_")}
+
+
+class _SamplingRequest(OpenAIBaseModel):
+    """The fields both endpoints share, with upstream's defaults."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1)
+    seed: int | None = Field(None, ge=_INT64_MIN, le=_INT64_MAX)
+    stop: str | list[str] | None = []
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop_token_ids: list[int] | None = []
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    user: str | None = None
+    # Accepted at these defaults only (UNSUPPORTED).
+    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = 0.0
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    use_beam_search: bool = False
+    prompt_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+
+    # Refused unless at their default; one SamplingParams gains is passed on instead.
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_p",
+        "logit_bias",
+        "allowed_token_ids",
+        "use_beam_search",
+        "prompt_logprobs",
+        "response_format",
+    )
+
+    def check_supported(self) -> None:
+        """Refuse every field mini_vllm cannot honour that differs from its default."""
+        for name in self.UNSUPPORTED:
+            if name in _SAMPLING_PARAMS_FIELDS:
+                continue
+            value = getattr(self, name)
+            if value != type(self).model_fields[name].get_default(call_default_factory=True):
+                raise UnsupportedParameterError(name, value)
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """Every set field SamplingParams has, by name (None: SamplingParams' default)."""
+        self.check_supported()
+        return {
+            name: getattr(self, name)
+            for name in type(self).model_fields
+            if name in _SAMPLING_PARAMS_FIELDS and getattr(self, name) is not None
+        }
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        """SamplingParams for this request (a bad value raises ValueError)."""
+        return SamplingParams(**{**self.sampling_kwargs(), "max_tokens": max_tokens})
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: list[int] | list[list[int]] | str | list[str]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+
+    UNSUPPORTED = (*_SamplingRequest.UNSUPPORTED, "echo", "suffix")
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    # Chat logprobs have their own shape (not served by mini_vllm yet).
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    tools: list[dict[str, Any]] | None = None
+
+    UNSUPPORTED = (*_SamplingRequest.UNSUPPORTED, "top_logprobs", "tools")
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        # Here logprobs is a bool, not SamplingParams' count.
+        if self.logprobs:
+            raise UnsupportedParameterError("logprobs", self.logprobs)
+        kwargs = super().sampling_kwargs()
+        kwargs.pop("logprobs", None)
+        return kwargs
+
+
+class CompletionLogProbs(OpenAIBaseModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionResponseChoice(OpenAIBaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: f"cmpl-{random_uuid()}")
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseChoice]
+    system_fingerprint: str | None = None
+    usage: UsageInfo
+
+
+class CompletionResponseStreamChoice(OpenAIBaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+
+
+class CompletionStreamResponse(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: f"cmpl-{random_uuid()}")
+    object: str = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseStreamChoice]
+    usage: UsageInfo | None = Field(default=None)
+    system_fingerprint: str | None = None
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: str
+    content: str | None = None
+
+
+class ChatCompletionResponseChoice(OpenAIBaseModel):
+    index: int
+    message: ChatMessage
+    logprobs: None = None
+    finish_reason: str | None = "stop"
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: f"chatcmpl-{random_uuid()}")
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    system_fingerprint: str | None = None
+    usage: UsageInfo
+
+
+class DeltaMessage(OpenAIBaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionStreamResponse(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: f"chatcmpl-{random_uuid()}")
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionResponseStreamChoice]
+    usage: UsageInfo | None = Field(default=None)
+    system_fingerprint: str | None = None

@@ -1,0 +1,192 @@
+"""``/v1/chat/completions``: a conversation in, the assistant's turn out.
+
+Mirrors upstream's ``OpenAIServingChat`` (vllm/entrypoints/openai/chat_completion/
+serving.py: ``create_chat_completion`` :191, ``chat_completion_stream_generator``
+:393, ``chat_completion_full_generator`` :1191) at v0.22.1, for plain text
+messages: the model's own chat template renders the conversation (with the
+generation prompt), then it is one completion.
+
+The stream: for each choice a first chunk with ``delta: {"role":
+"assistant", "content": ""}``, then one chunk per new piece of text, the
+last with its ``finish_reason``; the usage chunk and ``data: [DONE]`` as for
+completions. Left out: tools, reasoning parsers, logprobs (a 400 for now),
+multimodal content, ``echo``, custom chat templates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from mini_vllm.engine.async_llm import RequestOutputKind
+from mini_vllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    DeltaMessage,
+    ErrorResponse,
+    UsageInfo,
+    random_uuid,
+)
+from mini_vllm.entrypoints.openai.serving_engine import OpenAIServing, should_include_usage
+from mini_vllm.outputs import RequestOutput
+
+ROLE = "assistant"
+
+
+class OpenAIServingChat(OpenAIServing):
+    def _render(self, request: ChatCompletionRequest) -> list[int]:
+        """The conversation through the model's chat template, as token ids."""
+        tokenizer = self.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("This model has no chat template.")
+        for message in request.messages:
+            if not isinstance(message.get("role"), str) or not isinstance(
+                message.get("content"), str
+            ):
+                raise ValueError(
+                    "Each message needs a string 'role' and a string 'content' "
+                    "(mini_vllm serves plain text messages)."
+                )
+        return tokenizer.apply_chat_template(
+            request.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+
+    async def create_chat_completion(
+        self, request: ChatCompletionRequest
+    ) -> AsyncGenerator[str, None] | ChatCompletionResponse | ErrorResponse:
+        if (error := self._check_model(request.model)) is not None:
+            return error
+        request_id = f"chatcmpl-{random_uuid()}"
+        created_time = int(time.time())
+        try:
+            prompt_token_ids = self._render(request)
+            max_tokens = self._validate_prompt_len(
+                prompt_token_ids, request.max_completion_tokens or request.max_tokens
+            )
+            sampling_params = request.to_sampling_params(max_tokens)
+        except (ValueError, TypeError) as e:
+            return self.create_error_response(e)
+        result_generator = self.engine_client.generate(
+            {"prompt_token_ids": prompt_token_ids},
+            sampling_params,
+            request_id,
+            n=request.n,
+            output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+        )
+        if request.stream:
+            return self.chat_completion_stream_generator(
+                request, result_generator, request_id, created_time, self.model_name()
+            )
+        outputs = [res async for res in result_generator]  # FINAL_ONLY: one
+        final_res = outputs[-1]
+        return self.chat_completion_full_generator(
+            final_res, request_id, created_time, self.model_name()
+        )
+
+    async def chat_completion_stream_generator(
+        self,
+        request: ChatCompletionRequest,
+        result_generator: AsyncIterator[RequestOutput],
+        request_id: str,
+        created_time: int,
+        model_name: str,
+    ) -> AsyncGenerator[str, None]:
+        num_choices = request.n
+        num_prompt_tokens = 0
+        previous_num_tokens = [0] * num_choices
+        include_usage, include_continuous_usage = should_include_usage(request.stream_options)
+
+        def chunk_of(choice: ChatCompletionResponseStreamChoice) -> ChatCompletionStreamResponse:
+            return ChatCompletionStreamResponse(
+                id=request_id,
+                object="chat.completion.chunk",
+                created=created_time,
+                choices=[choice],
+                model=model_name,
+            )
+
+        def usage(completion_tokens: int) -> UsageInfo:
+            return UsageInfo(
+                prompt_tokens=num_prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=num_prompt_tokens + completion_tokens,
+            )
+
+        first_iteration = True
+        try:
+            async for res in result_generator:
+                if first_iteration:
+                    num_prompt_tokens = len(res.prompt_token_ids)
+                    for i in range(num_choices):
+                        chunk = chunk_of(
+                            ChatCompletionResponseStreamChoice(
+                                index=i,
+                                delta=DeltaMessage(role=ROLE, content=""),
+                                logprobs=None,
+                                finish_reason=None,
+                            )
+                        )
+                        if include_continuous_usage:
+                            chunk.usage = usage(0)
+                        yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+                    first_iteration = False
+                for output in res.outputs:
+                    i = output.index
+                    if not output.text and output.finish_reason is None:
+                        continue
+                    previous_num_tokens[i] += len(output.token_ids)
+                    choice = ChatCompletionResponseStreamChoice(
+                        index=i, delta=DeltaMessage(content=output.text), logprobs=None
+                    )
+                    if output.finish_reason is not None:
+                        choice.finish_reason = output.finish_reason
+                        choice.stop_reason = output.stop_reason
+                    chunk = chunk_of(choice)
+                    if include_continuous_usage:
+                        chunk.usage = usage(previous_num_tokens[i])
+                    yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+            if include_usage:
+                usage_chunk = ChatCompletionStreamResponse(
+                    id=request_id,
+                    created=created_time,
+                    choices=[],
+                    model=model_name,
+                    usage=usage(sum(previous_num_tokens)),
+                    system_fingerprint=self.system_fingerprint,
+                )
+                yield f"data: {usage_chunk.model_dump_json(exclude_unset=True)}\n\n"
+        except Exception as e:
+            yield f"data: {self.create_streaming_error_response(e)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    def chat_completion_full_generator(
+        self, final_res: RequestOutput, request_id: str, created_time: int, model_name: str
+    ) -> ChatCompletionResponse:
+        choices = [
+            ChatCompletionResponseChoice(
+                index=output.index,
+                message=ChatMessage(role=ROLE, content=output.text),
+                logprobs=None,
+                finish_reason=output.finish_reason,
+                stop_reason=output.stop_reason,
+            )
+            for output in final_res.outputs
+        ]
+        num_prompt_tokens = len(final_res.prompt_token_ids)
+        num_generated_tokens = sum(len(output.token_ids) for output in final_res.outputs)
+        return ChatCompletionResponse(
+            id=request_id,
+            created=created_time,
+            model=model_name,
+            choices=choices,
+            usage=UsageInfo(
+                prompt_tokens=num_prompt_tokens,
+                completion_tokens=num_generated_tokens,
+                total_tokens=num_prompt_tokens + num_generated_tokens,
+            ),
+            system_fingerprint=self.system_fingerprint,
+        )

@@ -1,0 +1,157 @@
+"""What the completion and chat handlers share: model check, prompt, errors.
+
+Mirrors upstream's ``OpenAIServing`` (vllm/entrypoints/openai/engine/serving.py:
+``create_error_response`` :174, ``create_streaming_error_response`` :182,
+``_check_model`` :218), ``create_error_response`` (vllm/entrypoints/utils.py:347,
+how an exception becomes a status code), ``get_max_tokens``
+(vllm/entrypoints/utils.py:175), ``should_include_usage`` (:281) and
+``merge_async_iterators`` (vllm/utils/async_utils.py) at v0.22.1.
+
+The prompt is tokenized here, before the engine sees it, as upstream's
+renderer does, so that a prompt with no room for output is a 400 before a
+stream starts. Left out: LoRA models, request logging, tracing headers,
+prompt truncation, the system fingerprint's config hash (mini_vllm's is its
+name and version).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+
+from mini_vllm.engine.async_llm import AsyncLLM
+from mini_vllm.entrypoints.openai.protocol import (
+    ErrorInfo,
+    ErrorResponse,
+    StreamOptions,
+    UnsupportedParameterError,
+)
+
+SYSTEM_FINGERPRINT = "mini_vllm-0.1.0"
+
+
+class NotFoundError(Exception):
+    """Something named in the request does not exist here (404)."""
+
+
+def create_error_response(
+    message: str | Exception,
+    err_type: str = "BadRequestError",
+    status_code: HTTPStatus = HTTPStatus.BAD_REQUEST,
+    param: str | None = None,
+) -> ErrorResponse:
+    """The OpenAI error JSON; an exception's class picks the status code."""
+    if isinstance(message, Exception):
+        exc = message
+        if isinstance(exc, UnsupportedParameterError):
+            err_type, status_code, param = "BadRequestError", HTTPStatus.BAD_REQUEST, exc.parameter
+        elif isinstance(exc, NotFoundError):
+            err_type, status_code, param = "NotFoundError", HTTPStatus.NOT_FOUND, None
+        elif isinstance(exc, (ValueError, TypeError, OverflowError)):
+            err_type, status_code, param = "BadRequestError", HTTPStatus.BAD_REQUEST, None
+        else:
+            err_type, status_code = "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR
+            param = None
+        message = str(exc)
+    return ErrorResponse(
+        error=ErrorInfo(message=message, type=err_type, code=status_code.value, param=param)
+    )
+
+
+def get_max_tokens(max_model_len: int, max_tokens: int | None, input_length: int) -> int:
+    """The requested max_tokens, capped by the room left in the context."""
+    if max_model_len < input_length:
+        raise ValueError(
+            f"Input length ({input_length}) exceeds model's maximum context length "
+            f"({max_model_len})."
+        )
+    room = max_model_len - input_length
+    return room if max_tokens is None else min(max_tokens, room)
+
+
+def should_include_usage(stream_options: StreamOptions | None) -> tuple[bool, bool]:
+    """(a usage chunk at the end, usage on every chunk too)."""
+    if not stream_options:
+        return False, False
+    include_usage = bool(stream_options.include_usage)
+    return include_usage, include_usage and bool(stream_options.continuous_usage_stats)
+
+
+async def merge_async_iterators(*iterators: AsyncIterator) -> AsyncIterator[tuple[int, object]]:
+    """Items of several async iterators as they come, as (iterator index, item).
+
+    Closing this generator (a client gone) cancels every iterator still
+    running, so each of their requests is aborted."""
+    if len(iterators) == 1:
+        try:
+            async for item in iterators[0]:
+                yield 0, item
+        finally:
+            await iterators[0].aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def drain(index: int, iterator: AsyncIterator) -> None:
+        try:
+            async for item in iterator:
+                await queue.put((index, item))
+        except BaseException as e:
+            await queue.put((index, e))
+            raise
+        await queue.put((index, done))
+
+    tasks = [asyncio.create_task(drain(i, it)) for i, it in enumerate(iterators)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class OpenAIServing:
+    def __init__(self, engine_client: AsyncLLM, served_model_names: list[str]) -> None:
+        self.engine_client = engine_client
+        self.served_model_names = served_model_names
+        self.tokenizer = engine_client.tokenizer
+        self.max_model_len = engine_client.vllm_config.model_config.max_model_len
+        self.system_fingerprint: str | None = SYSTEM_FINGERPRINT
+
+    create_error_response = staticmethod(create_error_response)
+
+    def create_streaming_error_response(self, message: str | Exception) -> str:
+        return json.dumps(create_error_response(message).model_dump())
+
+    def _check_model(self, model: str | None) -> ErrorResponse | None:
+        if not model or model in self.served_model_names:
+            return None
+        return create_error_response(
+            f"The model `{model}` does not exist.",
+            err_type="NotFoundError",
+            status_code=HTTPStatus.NOT_FOUND,
+            param="model",
+        )
+
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def _validate_prompt_len(self, token_ids: list[int], max_tokens: int | None) -> int:
+        """max_tokens for this prompt; ValueError when no output fits."""
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, your request has {len(token_ids)} input tokens, which leaves "
+                "no room for output. Please reduce the length of the input."
+            )
+        return get_max_tokens(self.max_model_len, max_tokens, len(token_ids))
