@@ -31,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from mini_vllm.engine.async_llm import AsyncLLM
+from mini_vllm.engine.async_llm import AsyncLLM, EngineGenerateError
 from mini_vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -149,6 +149,9 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     app.get("/metrics", response_class=Response)(metrics)
     app.exception_handler(HTTPException)(http_exception_handler)
     app.exception_handler(RequestValidationError)(validation_exception_handler)
+    # A handler for a named class answers and is done; the one for Exception
+    # answers, then Starlette re-raises (uvicorn logs it and drops the connection).
+    app.exception_handler(EngineGenerateError)(exception_handler)
     app.exception_handler(Exception)(exception_handler)
     return app
 

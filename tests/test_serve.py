@@ -1,0 +1,377 @@
+"""The OpenAI-compatible server, driven by the official ``openai`` client (issue 16).
+
+A real server (uvicorn, loopback, a port the kernel picks) over an AsyncLLM on
+the tiny seeded Llama with SmolLM2's tokenizer. Every expected text comes from
+``LLM.generate`` / ``LLM.chat`` on a second instance of the same model, run on
+the same requests; a disconnect or a failed step must leave every KV block free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import httpx
+import openai
+import pytest
+from serve_helpers import ServerThread, wait_until_idle
+
+from mini_vllm.engine.async_llm import AsyncLLM
+from mini_vllm.entrypoints.llm import LLM
+from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
+from mini_vllm.sampling_params import SamplingParams
+
+MODEL_NAME = "tiny-llama"
+ENGINE_ARGS = dict(max_model_len=256, num_gpu_blocks_override=256, device="cpu", max_num_seqs=64)
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time",
+    "def fibonacci(n):",
+    "The three primary colors are",
+]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> str:
+    return str(make_tiny_model(tmp_path_factory.mktemp("serve"), arch="llama", tokenizer=True))
+
+
+@pytest.fixture(scope="module")
+def llm(model_path) -> LLM:
+    """The reference: the same model offline."""
+    return LLM(model_path, **ENGINE_ARGS)
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    engine = AsyncLLM.from_model(model_path, model_name=MODEL_NAME, **ENGINE_ARGS)
+    server = ServerThread(engine, model_path, MODEL_NAME)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def reference(llm: LLM, prompt, **params):
+    return llm.generate(prompt, SamplingParams(**params), use_tqdm=False)[0]
+
+
+def num_free_blocks(engine: AsyncLLM) -> int:
+    return engine.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def all_blocks_free(engine: AsyncLLM) -> bool:
+    # Every block but the null block.
+    return num_free_blocks(engine) == engine.vllm_config.cache_config.num_gpu_blocks - 1
+
+
+def metric(server: ServerThread, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    match = re.search(
+        rf'^{re.escape(name)}\{{engine="0",model_name="{MODEL_NAME}"\}} (\S+)$', text, re.M
+    )
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
+
+
+def test_greedy_completions_equal_llm_generate(client, llm):
+    for prompt in PROMPTS:
+        want = reference(llm, prompt, temperature=0, max_tokens=12)
+        got = client.completions.create(
+            model=MODEL_NAME, prompt=prompt, temperature=0, max_tokens=12
+        )
+        assert got.choices[0].text == want.outputs[0].text
+        assert got.choices[0].finish_reason == want.outputs[0].finish_reason
+        assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+        assert got.usage.completion_tokens == len(want.outputs[0].token_ids)
+        assert got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
+
+
+def test_a_prompt_list_and_token_ids_give_one_choice_each(client, llm):
+    token_prompt = llm.get_tokenizer().encode(PROMPTS[0])
+    got = client.completions.create(
+        model=MODEL_NAME, prompt=[PROMPTS[1], PROMPTS[2]], temperature=0, max_tokens=6
+    )
+    assert [c.index for c in got.choices] == [0, 1]
+    for choice, prompt in zip(got.choices, PROMPTS[1:3], strict=True):
+        assert choice.text == reference(llm, prompt, temperature=0, max_tokens=6).outputs[0].text
+    by_ids = client.completions.create(
+        model=MODEL_NAME, prompt=token_prompt, temperature=0, max_tokens=6
+    )
+    want = reference(llm, {"prompt_token_ids": token_prompt}, temperature=0, max_tokens=6)
+    assert by_ids.choices[0].text == want.outputs[0].text
+
+
+def test_streamed_deltas_concatenate_to_the_whole_text_with_usage(client):
+    for prompt in PROMPTS[:2]:
+        whole = client.completions.create(
+            model=MODEL_NAME, prompt=prompt, temperature=0, max_tokens=20
+        )
+        chunks = list(
+            client.completions.create(
+                model=MODEL_NAME,
+                prompt=prompt,
+                temperature=0,
+                max_tokens=20,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        text_chunks, usage_chunk = chunks[:-1], chunks[-1]
+        assert len(text_chunks) > 1
+        assert "".join(c.choices[0].text for c in text_chunks) == whole.choices[0].text
+        assert [c.choices[0].finish_reason for c in text_chunks][-1] == "length"
+        assert all(c.choices[0].finish_reason is None for c in text_chunks[:-1])
+        assert usage_chunk.choices == []
+        assert usage_chunk.usage.model_dump() == whole.usage.model_dump()
+        assert len({c.id for c in chunks}) == 1
+
+
+def test_sse_framing_ends_with_done(server):
+    body = {"model": MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        raw = b"".join(response.iter_bytes()).decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    for event in events[:-2]:
+        assert event.startswith("data: ")
+        json.loads(event[len("data: ") :])
+
+
+def test_n_choices_are_seeded_children(client, llm):
+    got = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[0], n=3, temperature=0.9, seed=7, max_tokens=10
+    )
+    # As upstream's ParentRequest: child i samples with seed + i.
+    want = [
+        reference(llm, PROMPTS[0], temperature=0.9, seed=7 + i, max_tokens=10).outputs[0]
+        for i in range(3)
+    ]
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    assert [c.text for c in got.choices] == [w.text for w in want]
+    assert len({w.text for w in want}) > 1  # the seeds differ
+    assert got.usage.completion_tokens == sum(len(w.token_ids) for w in want)
+    streamed = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPTS[0],
+        n=3,
+        temperature=0.9,
+        seed=7,
+        max_tokens=10,
+        stream=True,
+    )
+    texts = ["", "", ""]
+    for chunk in streamed:
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert texts == [c.text for c in got.choices]
+
+
+def test_stop_string_ends_the_completion(client, llm):
+    full = reference(llm, PROMPTS[1], temperature=0, max_tokens=20).outputs[0].text
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    want = reference(llm, PROMPTS[1], temperature=0, max_tokens=20, stop=[stop]).outputs[0]
+    assert want.finish_reason == "stop"
+    got = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[1], temperature=0, max_tokens=20, stop=[stop]
+    )
+    assert got.choices[0].text == want.text
+    assert got.choices[0].finish_reason == "stop"
+    assert got.model_extra is not None and got.choices[0].model_extra["stop_reason"] == stop
+    streamed = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[1], temperature=0, max_tokens=20, stop=[stop], stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == want.text
+
+
+def test_logprobs_are_the_engines(client, llm):
+    want = reference(llm, PROMPTS[2], temperature=0, max_tokens=6, logprobs=2).outputs[0]
+    got = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[2], temperature=0, max_tokens=6, logprobs=2
+    ).choices[0]
+    tokenizer = llm.get_tokenizer()
+    assert got.logprobs.tokens == [tokenizer.decode([t]) for t in want.token_ids]
+    assert got.logprobs.token_logprobs == pytest.approx(
+        [step[t] for step, t in zip(want.logprobs, want.token_ids, strict=True)]
+    )
+    assert all(1 <= len(top) <= 3 for top in got.logprobs.top_logprobs)
+    assert got.logprobs.text_offset[0] == 0
+
+
+def test_chat_uses_the_models_template(client, llm):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    want = llm.chat(messages, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[0]
+    got = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, temperature=0, max_tokens=10
+    )
+    assert got.choices[0].message.role == "assistant"
+    assert got.choices[0].message.content == want.outputs[0].text
+    assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=messages,
+            temperature=0,
+            max_tokens=10,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == want.outputs[0].text
+    assert chunks[-1].usage.completion_tokens == len(want.outputs[0].token_ids)
+
+
+def test_models_health_and_metrics(client, server):
+    assert [m.id for m in client.models.list().data] == [MODEL_NAME]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    before = {
+        name: metric(server, name)
+        for name in (
+            "vllm:prompt_tokens_total",
+            "vllm:generation_tokens_total",
+            "vllm:prefix_cache_queries_total",
+        )
+    }
+    success = 'vllm:request_success_total{engine="0",finished_reason="length",model_name='
+    got = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[3], max_tokens=7)
+    wait_until_idle(server.engine)
+    assert metric(server, "vllm:prompt_tokens_total") - before["vllm:prompt_tokens_total"] == (
+        got.usage.prompt_tokens
+    )
+    assert (
+        metric(server, "vllm:generation_tokens_total") - before["vllm:generation_tokens_total"]
+        == got.usage.completion_tokens
+    )
+    assert (
+        metric(server, "vllm:prefix_cache_queries_total")
+        > before["vllm:prefix_cache_queries_total"]
+    )
+    text = httpx.get(f"{server.url}/metrics").text
+    assert success in text
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+        assert metric(server, name) == 0
+    assert metric(server, "vllm:kv_cache_usage_perc") == 0
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None = None):
+    assert response.status_code == status
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == status and body["error"]["message"]
+    if param is not None:
+        assert body["error"]["param"] == param
+
+
+def test_errors_are_openai_shaped_and_the_server_keeps_serving(client, server, llm):
+    url = f"{server.url}/v1/completions"
+    assert_openai_error(httpx.post(url, json={"model": "nope", "prompt": "x"}), 404, "model")
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x")
+    too_long = list(range(5, 5 + ENGINE_ARGS["max_model_len"]))
+    assert_openai_error(httpx.post(url, json={"model": MODEL_NAME, "prompt": too_long}), 400)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL_NAME, prompt="x", presence_penalty=0.5)
+    assert e.value.body["param"] == "presence_penalty"
+    assert_openai_error(
+        httpx.post(url, json={"model": MODEL_NAME, "prompt": "x", "temperature": -1}), 400
+    )
+    assert_openai_error(
+        httpx.post(url, content=b'{"prompt": ', headers={"content-type": "application/json"}),
+        400,
+    )
+    assert_openai_error(httpx.post(url, json={"model": MODEL_NAME}), 400)
+    chat_url = f"{server.url}/v1/chat/completions"
+    assert_openai_error(
+        httpx.post(
+            chat_url, json={"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+        ),
+        400,
+        "logprobs",
+    )
+    got = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[0], temperature=0, max_tokens=5
+    )
+    assert (
+        got.choices[0].text
+        == reference(llm, PROMPTS[0], temperature=0, max_tokens=5).outputs[0].text
+    )
+    wait_until_idle(server.engine)
+    assert all_blocks_free(server.engine)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
+    body = {"model": MODEL_NAME, "prompt": PROMPTS[1], "max_tokens": 200, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        events = response.iter_lines()
+        first = next(line for line in events if line.startswith("data: "))
+        assert json.loads(first[len("data: ") :])["choices"][0]["finish_reason"] is None
+        assert server.engine.llm_engine.engine_core.scheduler.requests  # still generating
+    # The connection is closed: the server must abort the request.
+    wait_until_idle(server.engine)
+    assert all_blocks_free(server.engine)
+    assert metric(server, "vllm:num_requests_running") == 0
+
+
+def test_a_failed_step_fails_its_requests_only(client, server, llm):
+    runner = server.engine.llm_engine.engine_core.model_runner
+    real_execute = runner.execute_model
+    calls = []
+
+    def fail_once(scheduler_output):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected step failure")
+        return real_execute(scheduler_output)
+
+    runner.execute_model = fail_once
+    try:
+        with pytest.raises(openai.InternalServerError):
+            client.completions.create(model=MODEL_NAME, prompt=PROMPTS[2], max_tokens=5)
+    finally:
+        runner.execute_model = real_execute
+    wait_until_idle(server.engine)
+    assert all_blocks_free(server.engine)
+    got = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[2], temperature=0, max_tokens=5
+    )
+    assert (
+        got.choices[0].text
+        == reference(llm, PROMPTS[2], temperature=0, max_tokens=5).outputs[0].text
+    )
+
+
+def test_concurrent_streaming_clients_lose_nothing(server, llm):
+    """48 streaming clients at once; each text is checked against LLM.generate."""
+    num_clients = 48
+    prompts = [f"{PROMPTS[i % len(PROMPTS)]} {i}" for i in range(num_clients)]
+    max_tokens = [8 + i % 9 for i in range(num_clients)]
+    want = llm.generate(
+        prompts,
+        [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens],
+        use_tqdm=False,
+    )
+
+    async def one(aclient: openai.AsyncOpenAI, prompt: str, max_tokens: int) -> str:
+        stream = await aclient.completions.create(
+            model=MODEL_NAME, prompt=prompt, temperature=0, max_tokens=max_tokens, stream=True
+        )
+        return "".join([chunk.choices[0].text async for chunk in stream])
+
+    async def run_all() -> list[str]:
+        aclient = openai.AsyncOpenAI(
+            base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120
+        )
+        return await asyncio.gather(
+            *(one(aclient, p, m) for p, m in zip(prompts, max_tokens, strict=True))
+        )
+
+    got = asyncio.run(run_all())
+    assert got == [w.outputs[0].text for w in want]
+    wait_until_idle(server.engine)
+    assert all_blocks_free(server.engine)
