@@ -8,7 +8,11 @@ AsyncLLM's engine-core thread down.
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
+import shutil
 import socket
+import tempfile
 import threading
 import time
 
@@ -16,6 +20,16 @@ import uvicorn
 
 from mini_vllm.engine.async_llm import AsyncLLM
 from mini_vllm.entrypoints.openai.api_server import build_app, init_app_state
+from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
+
+
+@functools.cache
+def tiny_text_model() -> str:
+    """The tiny seeded Llama with SmolLM2's tokenizer, written once per test process
+    (copying the tokenizer out of the GGUF is the slow part)."""
+    folder = tempfile.mkdtemp(prefix="mini_vllm_serve_")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return str(make_tiny_model(folder, arch="llama", tokenizer=True))
 
 
 class ServerThread:

@@ -15,11 +15,11 @@ import re
 import httpx
 import openai
 import pytest
-from serve_helpers import ServerThread, wait_until_idle
+from serve_helpers import ServerThread, tiny_text_model, wait_until_idle
 
 from mini_vllm.engine.async_llm import AsyncLLM
 from mini_vllm.entrypoints.llm import LLM
-from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
+from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.sampling_params import SamplingParams
 
 MODEL_NAME = "tiny-llama"
@@ -33,8 +33,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory) -> str:
-    return str(make_tiny_model(tmp_path_factory.mktemp("serve"), arch="llama", tokenizer=True))
+def model_path() -> str:
+    return tiny_text_model()
 
 
 @pytest.fixture(scope="module")
@@ -375,3 +375,26 @@ def test_concurrent_streaming_clients_lose_nothing(server, llm):
     assert got == [w.outputs[0].text for w in want]
     wait_until_idle(server.engine)
     assert all_blocks_free(server.engine)
+
+
+def test_smollm2_over_the_server_equals_llm():
+    """The real model: LLM.generate and LLM.chat first, then the same engine served."""
+    path = str(smollm2_gguf_path())
+    llm = LLM(path, max_model_len=256, kv_cache_memory_bytes=16 << 20, device="cpu")
+    params = SamplingParams(temperature=0, max_tokens=16)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    want = [o.outputs[0].text for o in llm.generate(PROMPTS[:2], params, use_tqdm=False)]
+    want_chat = llm.chat(messages, params, use_tqdm=False)[0].outputs[0].text
+    server = ServerThread(AsyncLLM(llm.llm_engine, "smollm2"), path, "smollm2")
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        got = client.completions.create(
+            model="smollm2", prompt=PROMPTS[:2], temperature=0, max_tokens=16
+        )
+        assert [c.text for c in got.choices] == want
+        chat = client.chat.completions.create(
+            model="smollm2", messages=messages, temperature=0, max_tokens=16, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chat) == want_chat
+    finally:
+        server.stop()

@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from serve_helpers import tiny_text_model
 
 from mini_vllm.engine.async_llm import AsyncLLM, RequestOutputKind
 from mini_vllm.entrypoints.openai.protocol import CompletionRequest
 from mini_vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from mini_vllm.entrypoints.openai.serving_engine import merge_async_iterators
-from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
 from mini_vllm.outputs import CompletionOutput, RequestOutput
 
 pytestmark = pytest.mark.upstream
@@ -60,10 +60,9 @@ def loop():
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory, loop):
-    path = make_tiny_model(tmp_path_factory.mktemp("sse"), arch="llama", tokenizer=True)
+def engine(loop):
     engine = AsyncLLM.from_model(
-        str(path), max_model_len=128, num_gpu_blocks_override=64, device="cpu"
+        tiny_text_model(), max_model_len=128, num_gpu_blocks_override=64, device="cpu"
     )
     engine.loop = loop
     yield engine
