@@ -381,19 +381,19 @@ def test_smollm2_over_the_server_equals_llm():
     """The real model: LLM.generate and LLM.chat first, then the same engine served."""
     path = str(smollm2_gguf_path())
     llm = LLM(path, max_model_len=256, kv_cache_memory_bytes=16 << 20, device="cpu")
-    params = SamplingParams(temperature=0, max_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=8)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    want = [o.outputs[0].text for o in llm.generate(PROMPTS[:2], params, use_tqdm=False)]
+    want = llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs[0].text
     want_chat = llm.chat(messages, params, use_tqdm=False)[0].outputs[0].text
     server = ServerThread(AsyncLLM(llm.llm_engine, "smollm2"), path, "smollm2")
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
         got = client.completions.create(
-            model="smollm2", prompt=PROMPTS[:2], temperature=0, max_tokens=16
+            model="smollm2", prompt=PROMPTS[0], temperature=0, max_tokens=8
         )
-        assert [c.text for c in got.choices] == want
+        assert got.choices[0].text == want
         chat = client.chat.completions.create(
-            model="smollm2", messages=messages, temperature=0, max_tokens=16, stream=True
+            model="smollm2", messages=messages, temperature=0, max_tokens=8, stream=True
         )
         assert "".join(c.choices[0].delta.content or "" for c in chat) == want_chat
     finally:

@@ -5,11 +5,11 @@ Mirrors upstream ``vllm/v1/engine/async_llm.py`` (``AsyncLLM`` :70, ``add_reques
 ``RequestOutputCollector`` (vllm/v1/engine/output_processor.py:45) at v0.22.1.
 
 Two sides, as upstream, with a thread where upstream has a process:
-- the engine core (``EngineCoreThread``, upstream's ``EngineCoreProc`` busy loop,
-  vllm/v1/engine/core.py): a thread that owns ``EngineCore`` alone. It applies
-  the adds and aborts waiting in its input queue, runs one ``step()``, and hands
-  the ``EngineCoreOutputs`` to the event loop; with nothing to do it blocks on
-  the input queue.
+- the engine core (``EngineCoreThread``; upstream's ``EngineCoreProc.run_busy_loop``
+  (vllm/v1/engine/core.py:1193) in its own process): a thread that owns
+  ``EngineCore`` alone. It applies the adds and aborts waiting in its input
+  queue, runs one ``step()``, and hands the ``EngineCoreOutputs`` to the event
+  loop; with nothing to do it blocks on the input queue.
 - the front end, on the asyncio event loop: ``add_request`` validates and
   tokenizes (``InputProcessor``; a bad request raises ``ValueError`` here and
   nothing is queued), the output handler task runs ``OutputProcessor`` on each
@@ -25,7 +25,7 @@ Differences (see UPSTREAM_PIN.md):
 - ``n`` and the output kind are arguments of ``generate`` (upstream: the
   ``SamplingParams`` fields ``n`` and ``output_kind``). ``n > 1`` fans out to
   child requests ``f"{index}_{request_id}"`` with seed ``seed + index``, as
-  upstream's ``ParentRequest`` (vllm/v1/engine/parallel_sampling.py:92).
+  upstream's ``ParentRequest.get_child_info`` (vllm/v1/engine/parallel_sampling.py:83).
 - mini_vllm's ``OutputProcessor`` makes cumulative outputs; ``generate`` turns
   them into deltas for ``RequestOutputKind.DELTA`` (upstream's output processor
   makes the deltas). A collector keeps only the newest cumulative output of each
@@ -57,7 +57,8 @@ from mini_vllm.sampling_params import SamplingParams
 
 
 class RequestOutputKind(enum.Enum):
-    """What each yielded output holds (upstream: vllm/sampling_params.py, on SamplingParams)."""
+    """What each yielded output holds (upstream: vllm/sampling_params.py:151, a
+    SamplingParams field)."""
 
     CUMULATIVE = 0  # everything so far
     DELTA = 1  # only what is new since the last yield

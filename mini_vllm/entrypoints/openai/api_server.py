@@ -2,11 +2,13 @@
 
 Mirrors upstream ``vllm/entrypoints/openai/api_server.py`` (``build_app`` :157,
 ``init_app_state`` :310, ``run_server`` :665) at v0.22.1, with its routes
-(``/v1/completions``: vllm/entrypoints/openai/completion/api_router.py:46;
-``/v1/models``: vllm/entrypoints/openai/models/api_router.py:20; ``/health``:
-vllm/entrypoints/serve/instrumentator/health.py:22), its exception handlers
-(vllm/entrypoints/openai/server_utils.py:378-443) and ``with_cancellation``
-(vllm/entrypoints/utils.py:57).
+(``create_completion`` (vllm/entrypoints/openai/completion/api_router.py:46),
+``create_chat_completion`` (vllm/entrypoints/openai/chat_completion/api_router.py:53),
+``show_available_models`` (vllm/entrypoints/openai/models/api_router.py:21),
+``health`` (vllm/entrypoints/serve/instrumentator/health.py:23)), its exception
+handlers (``validation_exception_handler``
+(vllm/entrypoints/openai/server_utils.py:409) and the two before it) and
+``with_cancellation`` (vllm/entrypoints/utils.py:57).
 
 Errors are the OpenAI JSON ``{"error": {"message", "type", "param", "code"}}``
 with the status in ``code``: a body that is not JSON or does not fit the
@@ -166,7 +168,7 @@ def init_app_state(engine_client: AsyncLLM, state, args: argparse.Namespace) -> 
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``mini-vllm serve``'s arguments (upstream: vllm/entrypoints/openai/cli_args.py)."""
+    """``mini-vllm serve``'s arguments (upstream: vllm/entrypoints/openai/cli_args.py:340)."""
     parser.add_argument(
         "model",
         nargs="?",

@@ -1,14 +1,17 @@
 """The OpenAI API's request and response shapes, for what mini_vllm serves.
 
-Mirrors upstream's pydantic models at v0.22.1: ``OpenAIBaseModel`` :27,
-``ErrorInfo`` :59, ``ErrorResponse`` :66, ``ModelCard`` :85, ``ModelList`` :96,
-``UsageInfo`` :105, ``StreamOptions`` :161, ``DeltaMessage`` :267
-(vllm/entrypoints/openai/engine/protocol.py); ``CompletionRequest`` :43 and the
-completion responses :465-531 (vllm/entrypoints/openai/completion/protocol.py);
-``ChatMessage`` :54 and the chat responses :84-147
-(vllm/entrypoints/openai/chat_completion/protocol.py). Response fields keep
-upstream's names, order and defaults, so that the JSON is byte for byte
-upstream's.
+Mirrors upstream ``vllm/entrypoints/openai/engine/protocol.py`` (``OpenAIBaseModel``
+:27, ``ErrorInfo`` :59, ``ErrorResponse`` :66, ``ModelCard`` :85, ``ModelList`` :96,
+``UsageInfo`` :105, ``StreamOptions`` :161, ``DeltaMessage`` :267) at v0.22.1, with
+``CompletionRequest`` (vllm/entrypoints/openai/completion/protocol.py:42),
+``CompletionLogProbs`` (vllm/entrypoints/openai/completion/protocol.py:466),
+``CompletionStreamResponse`` (vllm/entrypoints/openai/completion/protocol.py:536)
+and the other completion responses beside them, ``ChatMessage``
+(vllm/entrypoints/openai/chat_completion/protocol.py:54) and the chat responses
+beside it. Response fields keep upstream's names, order and defaults, so that
+the streamed chunks are upstream's byte for byte; fields mini_vllm never sets
+(service tier, token ids, prompt logprobs, KV-transfer and routing fields) are
+left out of the models.
 
 Requests: every field a client may send that mini_vllm's ``SamplingParams`` has
 is passed to it by name (``to_sampling_params``); when SamplingParams gains a

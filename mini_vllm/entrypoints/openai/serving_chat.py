@@ -1,10 +1,11 @@
 """``/v1/chat/completions``: a conversation in, the assistant's turn out.
 
-Mirrors upstream's ``OpenAIServingChat`` (vllm/entrypoints/openai/chat_completion/
-serving.py: ``create_chat_completion`` :191, ``chat_completion_stream_generator``
-:393, ``chat_completion_full_generator`` :1191) at v0.22.1, for plain text
-messages: the model's own chat template renders the conversation (with the
-generation prompt), then it is one completion.
+Mirrors upstream ``vllm/entrypoints/openai/chat_completion/serving.py``
+(``OpenAIServingChat`` :85, ``create_chat_completion`` :228,
+``chat_completion_stream_generator`` :400, ``chat_completion_full_generator``
+:1006) at v0.22.1, for plain text messages: the model's own chat template
+renders the conversation (with the generation prompt), then it is one
+completion.
 
 The stream: for each choice a first chunk with ``delta: {"role":
 "assistant", "content": ""}``, then one chunk per new piece of text, the

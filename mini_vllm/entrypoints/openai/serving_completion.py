@@ -1,9 +1,9 @@
 """``/v1/completions``: prompts in, text out, whole or as a server-sent-event stream.
 
-Mirrors upstream's ``OpenAIServingCompletion`` (vllm/entrypoints/openai/completion/
-serving.py:54: ``create_completion`` :109, ``completion_stream_generator`` :279,
-``request_output_to_completion_response`` :457, ``_create_completion_logprobs``
-:582) at v0.22.1.
+Mirrors upstream ``vllm/entrypoints/openai/completion/serving.py``
+(``OpenAIServingCompletion`` :54, ``create_completion`` :110,
+``completion_stream_generator`` :279, ``request_output_to_completion_response``
+:476, ``_create_completion_logprobs`` :605) at v0.22.1.
 
 The stream, for the features mini_vllm has, is upstream's byte for byte (the
 tests feed both generators the same outputs): one ``data: {json}\\n\\n`` event per

@@ -1,11 +1,12 @@
 """What the completion and chat handlers share: model check, prompt, errors.
 
-Mirrors upstream's ``OpenAIServing`` (vllm/entrypoints/openai/engine/serving.py:
-``create_error_response`` :174, ``create_streaming_error_response`` :182,
-``_check_model`` :218), ``create_error_response`` (vllm/entrypoints/utils.py:347,
-how an exception becomes a status code), ``get_max_tokens``
-(vllm/entrypoints/utils.py:175), ``should_include_usage`` (:281) and
-``merge_async_iterators`` (vllm/utils/async_utils.py) at v0.22.1.
+Mirrors upstream ``vllm/entrypoints/openai/engine/serving.py`` (``OpenAIServing``
+:132, ``create_error_response`` :174, ``create_streaming_error_response`` :182,
+``_check_model`` :218) at v0.22.1, with the module-level
+``create_error_response`` (vllm/entrypoints/utils.py:347: how an exception becomes
+a status code), ``get_max_tokens`` (vllm/entrypoints/utils.py:175),
+``should_include_usage`` (vllm/entrypoints/utils.py:281) and
+``merge_async_iterators`` (vllm/utils/async_utils.py:272).
 
 The prompt is tokenized here, before the engine sees it, as upstream's
 renderer does, so that a prompt with no room for output is a 400 before a
