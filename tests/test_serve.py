@@ -346,6 +346,32 @@ def test_a_failed_step_fails_its_requests_only(client, server, llm):
     )
 
 
+def test_a_failure_in_output_processing_fails_its_requests_only(client, server, llm):
+    processor = server.engine.output_processor
+    real_process = processor.process_outputs
+    calls = []
+
+    def fail_once(outputs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected detokenizer failure")
+        return real_process(outputs)
+
+    processor.process_outputs = fail_once
+    try:
+        with pytest.raises(openai.InternalServerError):
+            client.completions.create(model=MODEL_NAME, prompt=PROMPTS[3], max_tokens=5)
+    finally:
+        processor.process_outputs = real_process
+    wait_until_idle(server.engine)
+    assert all_blocks_free(server.engine)
+    got = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[3], temperature=0, max_tokens=5
+    )
+    want = reference(llm, PROMPTS[3], temperature=0, max_tokens=5)
+    assert got.choices[0].text == want.outputs[0].text
+
+
 def test_concurrent_streaming_clients_lose_nothing(server, llm):
     """48 streaming clients at once; each text is checked against LLM.generate."""
     num_clients = 48

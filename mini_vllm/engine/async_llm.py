@@ -212,15 +212,26 @@ class AsyncLLM:
     async def _output_handler(self) -> None:
         while True:
             item = await self.output_queue.get()
-            if isinstance(item, EngineCoreOutputs):
+            if not isinstance(item, EngineCoreOutputs):
+                failed, error = item  # the step failed; the core already dropped them
+                self._fail_requests(failed, error)
+                continue
+            try:
                 self._process_outputs(item)
-            else:
-                failed, error = item
-                self.output_processor.abort_requests(failed)
-                for request_id in failed:
-                    if (entry := self.collectors.pop(request_id, None)) is not None:
-                        err = EngineGenerateError(f"Request {request_id} failed in a step: {error}")
-                        entry[0].put_error(err)
+            except Exception as error:
+                # Turning these outputs into RequestOutputs failed: their
+                # requests fail, the others go on.
+                failed = [out.request_id for out in item.outputs]
+                self._fail_requests(failed, error)
+                self.engine_core.abort_requests(failed)
+
+    def _fail_requests(self, request_ids: list[str], error: Exception) -> None:
+        """Forget these requests here; their callers get EngineGenerateError."""
+        self.output_processor.abort_requests(request_ids)
+        for request_id in request_ids:
+            if (entry := self.collectors.pop(request_id, None)) is not None:
+                message = f"Request {request_id} failed: {type(error).__name__}: {error}"
+                entry[0].put_error(EngineGenerateError(message))
 
     def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
         # Counted as upstream's IterationStats does: a request's prompt when its
