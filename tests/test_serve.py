@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 
 import httpx
 import openai
@@ -316,6 +317,29 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
     wait_until_idle(server.engine)
     assert all_blocks_free(server.engine)
     assert metric(server, "vllm:num_requests_running") == 0
+
+
+def test_a_client_that_leaves_before_a_whole_answer_frees_its_blocks(server):
+    """Non-streamed: the handler is cancelled on disconnect (with_cancellation)."""
+    runner = server.engine.llm_engine.engine_core.model_runner
+    real_execute = runner.execute_model
+    steps = []
+
+    def slow_execute(scheduler_output):
+        steps.append(1)
+        time.sleep(0.05)  # 200 tokens take 10 s: the client leaves long before
+        return real_execute(scheduler_output)
+
+    body = {"model": MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 200, "ignore_eos": True}
+    runner.execute_model = slow_execute
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/completions", json=body, timeout=1.0)
+        wait_until_idle(server.engine)
+    finally:
+        runner.execute_model = real_execute
+    assert len(steps) < 200  # aborted, not finished
+    assert all_blocks_free(server.engine)
 
 
 def test_a_failed_step_fails_its_requests_only(client, server, llm):
