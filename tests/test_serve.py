@@ -16,10 +16,11 @@ import time
 import httpx
 import openai
 import pytest
-from serve_helpers import ServerThread, tiny_text_model, wait_until_idle
+from serve_helpers import tiny_text_model, wait_until_idle
 
 from mini_vllm.engine.async_llm import AsyncLLM
 from mini_vllm.entrypoints.llm import LLM
+from mini_vllm.entrypoints.openai.api_server import ServerThread
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.sampling_params import SamplingParams
 
@@ -448,3 +449,15 @@ def test_smollm2_over_the_server_equals_llm():
         assert "".join(c.choices[0].delta.content or "" for c in chat) == want_chat
     finally:
         server.stop()
+
+
+def test_the_serving_benchmark_runs_and_counts_every_token():
+    from mini_vllm.benchmarks.serve import markdown, run_benchmark
+
+    report = run_benchmark(
+        tiny_text_model(), 6, 8, [1, 3], enable_prefix_caching=False, **ENGINE_ARGS
+    )
+    assert [r["concurrency"] for r in report["server"]] == [1, 3]
+    assert all(r["tokens"] == 6 * 8 for r in report["server"])
+    assert all(r["ttft_s"]["p50"] > 0 and r["tpot_s"]["p50"] > 0 for r in report["server"])
+    assert markdown(report).count("\n") == 4

@@ -26,6 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import socket
+import threading
+import time
 from http import HTTPStatus
 
 from fastapi import FastAPI, HTTPException, Request
@@ -231,3 +234,36 @@ def run_server(args: argparse.Namespace, engine_client: AsyncLLM | None = None) 
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
         engine_client.shutdown()
+
+
+class ServerThread:
+    """A server in a thread of this process on 127.0.0.1, on a port the kernel
+    picks (bound to port 0, so parallel runs never collide): for tests,
+    benchmarks and labs. ``stop`` ends it and the AsyncLLM's engine-core thread."""
+
+    def __init__(self, engine: AsyncLLM, model_path: str, served_model_name: str) -> None:
+        import uvicorn
+
+        self.engine = engine
+        args = argparse.Namespace(model=model_path, served_model_name=[served_model_name])
+        app = build_app(args)
+        init_app_state(engine, app.state, args)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server thread did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.engine.shutdown()
+        self.sock.close()
