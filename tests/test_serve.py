@@ -397,6 +397,28 @@ def test_a_failure_in_output_processing_fails_its_requests_only(client, server, 
     assert got.choices[0].text == want.outputs[0].text
 
 
+def test_a_request_the_scheduler_refuses_fails_alone(client, server, llm):
+    scheduler = server.engine.llm_engine.engine_core.scheduler
+    real_add = scheduler.add_request
+
+    def refuse(request):
+        raise ValueError("injected refusal")
+
+    scheduler.add_request = refuse
+    try:
+        with pytest.raises(openai.InternalServerError):
+            client.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=5)
+    finally:
+        scheduler.add_request = real_add
+    assert server.engine.check_health()
+    got = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[0], temperature=0, max_tokens=5
+    )
+    want = reference(llm, PROMPTS[0], temperature=0, max_tokens=5)
+    assert got.choices[0].text == want.outputs[0].text
+    assert not server.engine.output_processor.request_states
+
+
 def test_concurrent_streaming_clients_lose_nothing(server, llm):
     """48 streaming clients at once; each text is checked against LLM.generate."""
     num_clients = 48

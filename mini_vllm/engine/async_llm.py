@@ -105,7 +105,10 @@ class EngineCoreThread:
                 return False
             if kind == "add":
                 for request in payload:
-                    core.add_request(request)
+                    try:
+                        core.add_request(request)
+                    except Exception as e:  # the scheduler refused it: it alone fails
+                        self.on_output(([request.request_id], e))
             else:
                 core.abort_requests(payload)
 
