@@ -9,8 +9,7 @@ import torch
 
 from mini_vllm.sample.sampler import Sampler
 from mini_vllm.sampling_params import SamplingParams
-from mini_vllm.worker.gpu_input_batch import InputBatch
-from mini_vllm.worker.gpu_model_runner import CachedRequestState
+from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
 
 VOCAB = 32
 
@@ -21,7 +20,9 @@ def _batch(max_num_reqs: int = 4) -> InputBatch:
 
 def _state(req_id: str, seed: int | None = None, **params) -> CachedRequestState:
     gen = None if seed is None else torch.Generator().manual_seed(seed)
-    return CachedRequestState(req_id, [1, 2, 3], SamplingParams(seed=seed, **params), gen, [5], 3)
+    return CachedRequestState(
+        req_id, [1, 2, 3], SamplingParams(seed=seed, **params), gen, ([5],), 3
+    )
 
 
 def test_sampling_metadata_drives_the_sampler():

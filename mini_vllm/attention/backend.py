@@ -55,6 +55,11 @@ def get_kv_cache_shape(
 class AttentionImpl:
     """One backend's attention computation; subclasses implement ``forward``."""
 
+    # Rows with at most this many new tokens count as decodes, and the model
+    # runner puts them first in the batch (upstream: the metadata builder's
+    # ``reorder_batch_threshold``, read by gpu_model_runner.py:1072); None: any order.
+    reorder_batch_threshold: int | None = None
+
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(

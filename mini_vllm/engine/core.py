@@ -67,7 +67,7 @@ class EngineCore:
         self.kv_caches = allocate_kv_caches(
             model, num_blocks, cache.block_size, dtype, device, attention_backend
         )
-        self.model_runner = GPUModelRunner(model, cache.block_size, device)
+        self.model_runner = GPUModelRunner(vllm_config, model, device)
         scheduler_cls = resolve_scheduler_cls(vllm_config.scheduler_config.scheduler_cls)
         # Stats on, unlike upstream's default: LLMEngine.get_stats adds up the
         # prefix-cache counts they carry.

@@ -138,8 +138,7 @@ class MiniSide:
 
     def __init__(self, config: dict) -> None:
         from mini_vllm.sampling_params import SamplingParams
-        from mini_vllm.worker.gpu_input_batch import InputBatch
-        from mini_vllm.worker.gpu_model_runner import CachedRequestState
+        from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
 
         self._params, self._state = SamplingParams, CachedRequestState
         self.batch = InputBatch(
@@ -158,17 +157,17 @@ class MiniSide:
             prompt_token_ids=list(prompt),
             sampling_params=self._params(**_copy(params)),
             generator=generator,
-            block_ids=list(blocks),
+            block_ids=(list(blocks),),
             num_computed_tokens=computed,
         )
 
     @staticmethod
     def set_blocks(state, blocks) -> None:
-        state.block_ids = list(blocks)
+        state.block_ids = (list(blocks),)
 
     @staticmethod
     def extend_blocks(state, blocks) -> None:
-        state.block_ids.extend(blocks)
+        state.block_ids[0].extend(blocks)
 
     def slot_mapping(self, num_reqs, query_start_loc, positions) -> list[int]:
         self.batch.block_table.commit_block_table(num_reqs)

@@ -23,21 +23,44 @@ Invariants:
   reads;
 - all arrays are allocated once, at ``max_num_reqs`` rows.
 
-``CachedRequestState`` is still defined in gpu_model_runner.py (upstream
-defines it here, :34); mini's holds one KV-cache group's block ids as a flat
-list. What is left out (penalties, logits processors, speculative decoding,
-LoRA, pooling, prompt embeddings, ...) is listed in UPSTREAM_PIN.md.
+``CachedRequestState`` (upstream :34) is the model runner's copy of one
+request: the batch reads it in ``add_request``, and keeps a reference to its
+``output_token_ids`` list, which the runner extends. What is left out
+(penalties, logits processors, speculative decoding, LoRA, pooling, prompt
+embeddings, ...) is listed in UPSTREAM_PIN.md.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
 from mini_vllm.sample.logits_processor.state import BatchUpdateBuilder
 from mini_vllm.sample.metadata import SamplingMetadata
+from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.utils import copy_slice
 from mini_vllm.worker.block_table import MultiGroupBlockTable
-from mini_vllm.worker.gpu_model_runner import CachedRequestState
+
+
+@dataclass
+class CachedRequestState:
+    """The runner's copy of a request, kept from its first step to its end
+    (preempted requests included): new requests arrive whole, later steps
+    only change ``num_computed_tokens`` and ``block_ids``, and the runner
+    appends the tokens it samples to ``output_token_ids``."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    generator: torch.Generator | None  # only for a random request with a seed
+    block_ids: tuple[list[int], ...]  # one list per KV-cache group
+    num_computed_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
 
 
 class InputBatch:
@@ -186,7 +209,7 @@ class InputBatch:
         self.token_ids_cpu[req_index, num_prompt_tokens:end] = request.output_token_ids
         self.num_tokens_no_spec[req_index] = request.num_tokens
         self.num_computed_tokens_cpu[req_index] = request.num_computed_tokens
-        self.block_table.add_row((request.block_ids,), req_index)
+        self.block_table.add_row(request.block_ids, req_index)
 
         params = request.sampling_params
         if params.sampling_type_greedy:

@@ -1,262 +1,371 @@
 """Turns a SchedulerOutput into one forward pass and one sampled token per request.
 
 Mirrors upstream ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``
-:415: ``_update_states`` :1116, ``_prepare_inputs`` :1863, ``execute_model``
-:3955) and the request state ``CachedRequestState``
-(gpu_input_batch.py:34) at v0.22.1. Left out: the persistent GPU input batch and its reordering,
-CUDA graphs, async output copies, speculative decoding, LoRA, multimodal,
-pooling, pipeline parallelism.
+:415: ``_may_reorder_batch`` :1054, ``_update_states`` :1116,
+``_prepare_inputs`` :1863, ``_sample`` :3481, ``_bookkeeping_sync`` :3512,
+``execute_model`` :3955) at v0.22.1. Left out: CUDA graphs and the padding
+they need, async scheduling and async output copies, speculative decoding,
+LoRA, multimodal, pooling, prompt logprobs, pipeline parallelism; see
+UPSTREAM_PIN.md.
 
-Like upstream, the runner keeps its own copy of every running request:
-new requests arrive in full (``NewRequestData``), running ones as deltas
-(new block ids, computed count); the runner appends the tokens it samples
-itself, so the scheduler never resends them. A resumed request lost its
-blocks, so its block table is replaced and its tokens are reloaded from
-``all_token_ids``.
+One step:
 
-A request samples only when this step computes its last token; a request
-still mid-prefill returns ``[]`` (upstream samples it and throws the token
-away; the result is the same).
+1. ``_update_states`` applies the SchedulerOutput's deltas to the runner's
+   copy of every request (``requests``, ``CachedRequestState``) and to the
+   persistent batch (``input_batch``, mini_vllm/worker/gpu_input_batch.py):
+   finished and unscheduled requests leave the batch, new requests join it
+   whole, running ones get their computed count and new blocks, resumed
+   ones get a new block table and join again; then ``condense``, the
+   decode-first reorder if the attention backend asks for it, and
+   ``refresh_metadata``. The runner reads nothing but the SchedulerOutput:
+   the tokens it samples it appends itself, so the scheduler never resends
+   them.
+2. ``_prepare_inputs`` lays out the step's tokens in batch-row order in
+   buffers allocated once at their largest size (input ids, positions,
+   query_start_loc, seq_lens, and the batch's block table and slot mapping).
+3. The model runs; every row's last token gives logits, and the sampler
+   draws one token per row from ``input_batch.sampling_metadata``.
+4. ``_bookkeeping_sync`` throws away the tokens of rows still mid-prefill
+   and appends the others to the batch and to the request states.
+
+Invariant: between steps, for every request in the batch, row ``i`` of
+``token_ids_cpu`` holds its prompt then its output tokens
+(``num_tokens_no_spec[i]`` of them) and equals its ``CachedRequestState``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from mini_vllm.attention.backend import AttentionMetadata
+from mini_vllm.attention.backends.utils import reorder_batch_to_split_decodes_and_prefills
+from mini_vllm.config import VllmConfig
 from mini_vllm.core.sched.output import SchedulerOutput
 from mini_vllm.forward_context import set_forward_context
 from mini_vllm.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
-from mini_vllm.sample.metadata import SamplingMetadata
-from mini_vllm.sample.sampler import Sampler
-from mini_vllm.sampling_params import SamplingParams
-
-
-@dataclass
-class CachedRequestState:
-    req_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    generator: torch.Generator | None
-    block_ids: list[int]
-    num_computed_tokens: int
-    output_token_ids: list[int] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    def token(self, i: int) -> int:
-        n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
+from mini_vllm.sample.sampler import Sampler, SamplerOutput
+from mini_vllm.utils import CpuGpuBuffer
+from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
 
 
 @dataclass
 class PreparedInputs:
-    """One step's model inputs (``_prepare_inputs``); num_tokens is the
-    total number of scheduled tokens."""
+    """One step's model inputs (``_prepare_inputs``), views into the runner's
+    buffers; num_tokens is the step's number of scheduled tokens."""
 
-    req_ids: list[str]  # batch order: num_scheduled_tokens' order
-    input_ids: torch.Tensor  # [num_tokens] int64
-    positions: torch.Tensor  # [num_tokens] int64
+    input_ids: torch.Tensor  # int32 [num_tokens]
+    positions: torch.Tensor  # int64 [num_tokens]
     attn_metadata: AttentionMetadata
-    sample_rows: list[int]  # indices into req_ids of the requests that sample
-    logits_indices: list[int]  # per sampling request, the row of its last token
+    logits_indices: torch.Tensor  # int32 [num_reqs]: each row's last token
+    # bool [num_reqs]: rows whose sampled token is thrown away (still mid-prefill)
+    discard_request_mask: np.ndarray
 
 
-def _num_logprobs(params: SamplingParams, vocab_size: int) -> int:
-    """How many top logprobs a request wants besides its sampled token."""
-    return vocab_size if params.logprobs == -1 else params.logprobs
+def reorder_threshold_of(model: torch.nn.Module) -> int | None:
+    """The smallest ``reorder_batch_threshold`` the model's attention layers ask
+    for (None: no reordering), as upstream's ``calculate_reorder_batch_threshold``."""
+    wanted = [
+        layer.impl.reorder_batch_threshold
+        for layer in model.attention_layers()
+        if layer.impl is not None and layer.impl.reorder_batch_threshold is not None
+    ]
+    return min(wanted) if wanted else None
 
 
 class GPUModelRunner:
-    def __init__(self, model: torch.nn.Module, block_size: int, device: torch.device) -> None:
+    def __init__(self, vllm_config: VllmConfig, model: torch.nn.Module, device: torch.device):
         self.model = model
-        self.block_size = block_size
         self.device = torch.device(device)
+        self.block_size = vllm_config.cache_config.block_size
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.max_num_reqs = vllm_config.scheduler_config.max_num_seqs
+        self.max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self.vocab_size = model.config.vocab_size
+        self.reorder_batch_threshold = reorder_threshold_of(model)
+
         self.requests: dict[str, CachedRequestState] = {}
+        self.input_batch = InputBatch(
+            max_num_reqs=self.max_num_reqs,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_tokens,
+            device=self.device,
+            pin_memory=False,
+            vocab_size=self.vocab_size,
+            block_sizes=[self.block_size],
+        )
         self.sampler = Sampler()
+
+        # Buffers at their largest size, reused every step (their device
+        # addresses never change, which CUDA graphs will need).
+        def buffer(*size: int, dtype: torch.dtype) -> CpuGpuBuffer:
+            return CpuGpuBuffer(*size, dtype=dtype, device=self.device, pin_memory=False)
+
+        self.input_ids = buffer(self.max_num_tokens, dtype=torch.int32)
+        self.positions = buffer(self.max_num_tokens, dtype=torch.int64)
+        self.query_start_loc = buffer(self.max_num_reqs + 1, dtype=torch.int32)
+        self.seq_lens = buffer(self.max_num_reqs, dtype=torch.int32)
+        # [0, 1, 2, ...], never written: the source of every per-step arange.
+        self.arange_np = np.arange(max(self.max_num_reqs + 1, self.max_num_tokens), dtype=np.int64)
+
         # Seconds spent in the model forward + sampling, for the bench's
         # "time outside the model" figure.
         self.forward_time = 0.0
 
     # ---------------------------------------------------------------- states
 
-    def _update_states(self, so: SchedulerOutput) -> None:
-        for req_id in so.finished_req_ids:
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        """Apply the step's deltas to ``requests`` and to ``input_batch``."""
+        batch = self.input_batch
+        # Finished: forget the request. An id both finished and scheduled
+        # again (aborted, then resubmitted) is treated as a new request.
+        for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
-        for new in so.scheduled_new_reqs:
+            batch.remove_request(req_id)
+
+        # Unscheduled (preempted, or left out of this step): leave the batch,
+        # keep the state for when they come back. A resumed request is
+        # re-added below, so it leaves the batch too if it is still there.
+        scheduled = scheduler_output.num_scheduled_tokens.keys()
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id in batch.req_id_to_index.keys() - (scheduled - cached.resumed_req_ids):
+            batch.remove_request(req_id)
+
+        reqs_to_add: list[CachedRequestState] = []
+        for new in scheduler_output.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
-            if params.seed is not None:
+            if params.seed is not None and not params.sampling_type_greedy:
                 generator = torch.Generator(device=self.device)
                 generator.manual_seed(params.seed)
-            self.requests[new.req_id] = CachedRequestState(
+            state = CachedRequestState(
                 req_id=new.req_id,
-                prompt_token_ids=list(new.prompt_token_ids),
+                prompt_token_ids=new.prompt_token_ids,
                 sampling_params=params,
                 generator=generator,
-                block_ids=list(new.block_ids[0]),
+                # The runner's own lists: it extends them in later steps.
+                block_ids=tuple(list(ids) for ids in new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
+                output_token_ids=[],
             )
-        cached = so.scheduled_cached_reqs
+            self.requests[new.req_id] = state
+            reqs_to_add.append(state)
+
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests[req_id]
-            state.num_computed_tokens = cached.num_computed_tokens[i]
+            num_computed_tokens = cached.num_computed_tokens[i]
             new_block_ids = cached.new_block_ids[i]
+            req_index = batch.req_id_to_index.get(req_id)
+            state.num_computed_tokens = num_computed_tokens
             if req_id in cached.resumed_req_ids:
-                state.block_ids = list(new_block_ids[0]) if new_block_ids else []
-                all_tokens = cached.all_token_ids[req_id]
-                state.output_token_ids = list(all_tokens[len(state.prompt_token_ids) :])
+                # Its blocks were freed at preemption: the new ones replace them.
+                if new_block_ids is None:
+                    raise ValueError(f"Resumed request {req_id!r} came without block ids.")
+                state.block_ids = tuple(list(ids) for ids in new_block_ids)
             elif new_block_ids is not None:
-                state.block_ids.extend(new_block_ids[0])
+                for ids, new_ids in zip(state.block_ids, new_block_ids, strict=True):
+                    ids.extend(new_ids)
+            if req_index is None:
+                # Resumed, or back after a step without it. Its output tokens
+                # are the ones this runner sampled (synchronous scheduling:
+                # upstream reloads them from all_token_ids only under async
+                # scheduling, gpu_model_runner.py:1380).
+                reqs_to_add.append(state)
+                continue
+            batch.num_computed_tokens_cpu[req_index] = num_computed_tokens
+            if new_block_ids is not None:
+                batch.block_table.append_row(new_block_ids, req_index)
+
+        # New and returning requests fill the lowest holes first.
+        for state in reqs_to_add:
+            batch.add_request(state)
+        batch.condense()
+        self._may_reorder_batch(scheduler_output)
+        batch.refresh_metadata()
+
+    def _may_reorder_batch(self, scheduler_output: SchedulerOutput) -> None:
+        """Decodes first, if the attention backend asks for it."""
+        if self.reorder_batch_threshold is not None:
+            reorder_batch_to_split_decodes_and_prefills(
+                self.input_batch, scheduler_output, decode_threshold=self.reorder_batch_threshold
+            )
 
     # ---------------------------------------------------------------- inputs
 
-    def _prepare_inputs(self, so: SchedulerOutput) -> PreparedInputs:
-        """The step's flat batch: every scheduled request's new tokens, one
-        after another, in ``num_scheduled_tokens`` order."""
-        req_ids = list(so.num_scheduled_tokens)
-        states = [self.requests[r] for r in req_ids]
-        num_scheduled = [so.num_scheduled_tokens[r] for r in req_ids]
-        input_ids, positions = self.prepare_input_ids_and_positions(states, num_scheduled)
-        seq_lens = [s.num_computed_tokens + n for s, n in zip(states, num_scheduled, strict=True)]
-        query_start_loc = np.concatenate([[0], np.cumsum(num_scheduled)])  # [num_reqs + 1]
-        block_table = self.prepare_block_table(states)  # [num_reqs, max_blocks]
-        slot_mapping = self.prepare_slot_mapping(block_table, positions, num_scheduled)
-        # A request samples when this step computes its last token.
-        sample_rows = [i for i, s in enumerate(states) if seq_lens[i] == s.num_tokens]
-        dev = self.device
-        metadata = AttentionMetadata(
-            num_actual_tokens=len(input_ids),
-            max_query_len=max(num_scheduled),
-            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=dev),
-            max_seq_len=max(seq_lens),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_table=torch.from_numpy(block_table).to(dev),
-            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+    def _prepare_inputs(
+        self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray
+    ) -> PreparedInputs:
+        """The step's flat batch: each row's scheduled tokens, row after row.
+
+        ``num_scheduled_tokens`` (int32 [num_reqs]) is in batch-row order.
+        """
+        batch = self.input_batch
+        num_reqs = batch.num_reqs
+        total = scheduler_output.total_num_scheduled_tokens
+        block_table = self.prepare_block_table(num_reqs)
+        cu_num_tokens = self.prepare_input_ids_and_positions(num_scheduled_tokens)
+
+        # query_start_loc: [0, q0, q0+q1, ...]; padded past num_reqs with the
+        # total, so it never decreases.
+        qsl = self.query_start_loc
+        qsl.np[0] = 0
+        qsl.np[1 : num_reqs + 1] = cu_num_tokens
+        qsl.np[num_reqs + 1 :] = total
+        qsl.copy_to_gpu()
+        query_start_loc = qsl.gpu[: num_reqs + 1]
+        # seq_lens: tokens in the KV cache once this step has run.
+        seq_lens_np = self.seq_lens.np[:num_reqs]
+        np.add(batch.num_computed_tokens_cpu[:num_reqs], num_scheduled_tokens, out=seq_lens_np)
+        self.seq_lens.np[num_reqs:] = 0
+        seq_lens = self.seq_lens.copy_to_gpu()[:num_reqs]
+
+        slot_mapping = self.prepare_slot_mapping(num_reqs, query_start_loc, total)
+        attn_metadata = AttentionMetadata(
+            num_actual_tokens=total,
+            max_query_len=int(num_scheduled_tokens.max()),
+            query_start_loc=query_start_loc,
+            max_seq_len=int(seq_lens_np.max()),
+            seq_lens=seq_lens,
+            block_table=block_table,
+            slot_mapping=slot_mapping,
         )
         return PreparedInputs(
-            req_ids=req_ids,
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            positions=torch.from_numpy(positions).to(dev),
-            attn_metadata=metadata,
-            sample_rows=sample_rows,
-            logits_indices=[int(query_start_loc[i + 1]) - 1 for i in sample_rows],
+            input_ids=self.input_ids.gpu[:total],
+            positions=self.positions.gpu[:total],
+            attn_metadata=attn_metadata,
+            # Every row samples from its last token (gpu_model_runner.py:2135) ...
+            logits_indices=query_start_loc[1:] - 1,
+            # ... and a row whose prompt is not done throws its token away.
+            discard_request_mask=seq_lens_np < batch.num_tokens_no_spec[:num_reqs],
         )
 
-    @staticmethod
-    def prepare_input_ids_and_positions(
-        states: list[CachedRequestState], num_scheduled: list[int]
-    ) -> tuple[list[int], np.ndarray]:
-        """Token ids and positions of every request's scheduled tokens, in batch
-        order: ([num_tokens], [num_tokens] int64)."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        for state, n in zip(states, num_scheduled, strict=True):
-            start, end = state.num_computed_tokens, state.num_computed_tokens + n
-            if end <= len(state.prompt_token_ids):
-                input_ids.extend(state.prompt_token_ids[start:end])
-            else:
-                input_ids.extend(state.token(p) for p in range(start, end))
-            positions.extend(range(start, end))
-        return input_ids, np.asarray(positions, dtype=np.int64)
+    def prepare_input_ids_and_positions(self, num_scheduled_tokens: np.ndarray) -> np.ndarray:
+        """Fill ``positions`` and ``input_ids`` for the step's tokens, in batch
+        order; return the running total of tokens per row ([num_reqs])."""
+        batch = self.input_batch
+        num_reqs = len(num_scheduled_tokens)
+        # The batch row of every token: [2, 3] -> [0, 0, 1, 1, 1].
+        req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled_tokens)
+        # [2, 3] -> [2, 5]; each token's offset in its row's chunk: [0, 1, 0, 1, 2].
+        cu_num_tokens = np.cumsum(num_scheduled_tokens)
+        total = int(cu_num_tokens[-1])
+        offsets = self.arange_np[:total] - np.repeat(
+            cu_num_tokens - num_scheduled_tokens, num_scheduled_tokens
+        )
+        positions_np = self.positions.np[:total]
+        np.add(batch.num_computed_tokens_cpu[req_indices], offsets, out=positions_np)
+        # Token (row r, position p) sits at r * max_model_len + p of the
+        # flattened token table: one gather fetches them all.
+        token_indices = torch.from_numpy(positions_np + req_indices * self.max_model_len)
+        torch.index_select(
+            batch.token_ids_cpu_tensor.flatten(),
+            0,
+            token_indices,
+            out=self.input_ids.cpu[:total],
+        )
+        self.input_ids.copy_to_gpu(total)
+        self.positions.copy_to_gpu(total)
+        return cu_num_tokens
 
-    @staticmethod
-    def prepare_block_table(states: list[CachedRequestState]) -> np.ndarray:
-        """Row i: request i's block ids, zero-padded: [num_reqs, max_blocks] int32."""
-        max_blocks = max(len(s.block_ids) for s in states)
-        block_table = np.zeros((len(states), max_blocks), dtype=np.int32)
-        for i, state in enumerate(states):
-            block_table[i, : len(state.block_ids)] = state.block_ids
-        return block_table
+    def prepare_block_table(self, num_reqs: int) -> torch.Tensor:
+        """Copy the rows in use of the batch's block table to the device; return
+        them: int32 [num_reqs, max_num_blocks_per_req], zero past each row's blocks."""
+        block_table = self.input_batch.block_table
+        block_table.commit_block_table(num_reqs)
+        return block_table[0].get_device_tensor(num_reqs)
 
     def prepare_slot_mapping(
-        self, block_table: np.ndarray, positions: np.ndarray, num_scheduled: list[int]
-    ) -> np.ndarray:
-        """The KV-cache slot of each new token, block id * block_size + offset:
-        [num_tokens] int64 (upstream: BlockTable.compute_slot_mapping)."""
-        bs = self.block_size
-        row_of_token = np.repeat(np.arange(len(num_scheduled)), num_scheduled)  # [num_tokens]
-        return block_table[row_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        self, num_reqs: int, query_start_loc: torch.Tensor, num_tokens: int
+    ) -> torch.Tensor:
+        """The KV-cache slot of each new token (int64 [num_tokens]), from the
+        committed block table (``BlockTable.compute_slot_mapping``)."""
+        block_table = self.input_batch.block_table
+        block_table.compute_slot_mapping(num_reqs, query_start_loc, self.positions.gpu[:num_tokens])
+        return block_table[0].slot_mapping.gpu[:num_tokens]
 
-    def _sampling_metadata(
-        self, states: list[CachedRequestState], vocab_size: int
-    ) -> SamplingMetadata:
-        dev = self.device
-        params = [s.sampling_params for s in states]
-        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
-        all_greedy = all(p.sampling_type_greedy for p in params)
-        top_k = top_p = None
-        if not all_greedy:
-            if any(p.top_k > 0 for p in params):
-                top_k = torch.tensor(
-                    [max(p.top_k, 0) for p in params], dtype=torch.int64, device=dev
-                )
-            if any(p.top_p < 1.0 for p in params):
-                top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
-        blocked = {
-            row: sorted(p.all_stop_token_ids)
-            for row, (p, s) in enumerate(zip(params, states, strict=True))
-            if len(s.output_token_ids) < p.min_tokens and p.all_stop_token_ids
+    # --------------------------------------------------------------- sampling
+
+    def _sample(self, logits: torch.Tensor, discard_request_mask: np.ndarray) -> SamplerOutput:
+        """One token per row, from the batch's sampling metadata.
+
+        A discarded row (still mid-prefill) draws too, so its generator must
+        be put back: upstream rewinds the CUDA generator's offset
+        (gpu_model_runner.py:3539); a CPU generator has no offset, so its
+        state is saved before the draw and restored after it. A seeded row's
+        tokens therefore do not depend on the steps it spent mid-prefill.
+        """
+        generators = self.input_batch.generators
+        saved = {
+            int(i): generators[int(i)].get_state()
+            for i in np.flatnonzero(discard_request_mask)
+            if int(i) in generators
         }
-        # logprobs=-1 means the whole vocabulary (upstream gpu_input_batch.py:416).
-        wanted = [_num_logprobs(p, vocab_size) for p in params if p.logprobs is not None]
-        return SamplingMetadata(
-            temperature=temperature,
-            all_greedy=all_greedy,
-            top_k=top_k,
-            top_p=top_p,
-            generators=[s.generator for s in states],
-            max_num_logprobs=max(wanted) if wanted else None,
-            min_tokens_blocked=blocked,
-        )
+        sampler_output = self.sampler(logits, self.input_batch.sampling_metadata)
+        for i, state in saved.items():
+            generators[i].set_state(state)
+        return sampler_output
+
+    def _bookkeeping_sync(
+        self, sampler_output: SamplerOutput, discard_request_mask: np.ndarray
+    ) -> tuple[list[list[int]], list | None]:
+        """Keep the sampled tokens of the rows that finished their prompt:
+        append them to the batch's token table and to the request states.
+        Return (tokens per row, logprobs per row or None)."""
+        batch = self.input_batch
+        valid_sampled_token_ids = [[t] for t in sampler_output.sampled_token_ids.tolist()]
+        for i in np.flatnonzero(discard_request_mask):
+            valid_sampled_token_ids[i].clear()
+
+        logprobs_lists = None
+        if sampler_output.logprobs is not None:
+            logprobs_lists = [None] * len(valid_sampled_token_ids)
+        req_ids = batch.req_ids
+        for req_idx, sampled_ids in enumerate(valid_sampled_token_ids):
+            if not sampled_ids:
+                continue
+            start = int(batch.num_tokens_no_spec[req_idx])
+            end = start + len(sampled_ids)
+            batch.token_ids_cpu[req_idx, start:end] = sampled_ids
+            batch.num_tokens_no_spec[req_idx] = end
+            req_id = req_ids[req_idx]
+            self.requests[req_id].output_token_ids.extend(sampled_ids)
+            num_logprobs = batch.num_logprobs.get(req_id)
+            if logprobs_lists is not None and num_logprobs is not None:
+                # The sampler gathers the batch's largest top-n; each request
+                # keeps its sampled token and its own top-n (upstream trims
+                # the same way, logprobs.py:189).
+                ids, vals, rank = sampler_output.logprobs[req_idx]
+                keep = num_logprobs + 1
+                logprobs_lists[req_idx] = [(ids[:keep], vals[:keep], rank)]
+        return valid_sampled_token_ids, logprobs_lists
 
     # --------------------------------------------------------------- execute
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
-        if not scheduler_output.num_scheduled_tokens:
+        if not scheduler_output.total_num_scheduled_tokens:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        batch = self._prepare_inputs(scheduler_output)
-        req_ids, sample_rows = batch.req_ids, batch.sample_rows
+        req_ids = list(self.input_batch.req_ids)
+        num_scheduled_tokens = np.array(
+            [scheduler_output.num_scheduled_tokens[r] for r in req_ids], dtype=np.int32
+        )
+        inputs = self._prepare_inputs(scheduler_output, num_scheduled_tokens)
 
         start = time.perf_counter()
-        with set_forward_context(batch.attn_metadata):
-            hidden_states = self.model(batch.input_ids, batch.positions)  # [num_tokens, hidden]
-        sampled_lists: list[list[int]] = [[] for _ in req_ids]
-        logprobs_lists: list | None = None
-        if sample_rows:
-            # [num_sampling_reqs, vocab]
-            logits = self.model.compute_logits(hidden_states[batch.logits_indices])
-            states = [self.requests[req_ids[i]] for i in sample_rows]
-            out = self.sampler(logits, self._sampling_metadata(states, logits.shape[-1]))
-            tokens = out.sampled_token_ids.tolist()
-            if out.logprobs is not None:
-                logprobs_lists = [None] * len(req_ids)
-            for k, row in enumerate(sample_rows):
-                states[k].output_token_ids.append(tokens[k])
-                sampled_lists[row] = [tokens[k]]
-                num = states[k].sampling_params.logprobs
-                if logprobs_lists is not None and num is not None:
-                    # The sampler gathers the batch's largest top-n; each
-                    # request keeps its sampled token and its own top-n
-                    # (upstream trims the same way, logprobs.py:189).
-                    ids, vals, rank = out.logprobs[k]
-                    keep = _num_logprobs(states[k].sampling_params, logits.shape[-1]) + 1
-                    logprobs_lists[row] = [(ids[:keep], vals[:keep], rank)]
+        with set_forward_context(inputs.attn_metadata):
+            hidden_states = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden]
+        logits = self.model.compute_logits(hidden_states[inputs.logits_indices])  # [num_reqs, V]
+        sampler_output = self._sample(logits, inputs.discard_request_mask)
         self.forward_time += time.perf_counter() - start
-        for req_id in req_ids:
-            state = self.requests[req_id]
-            state.num_computed_tokens += scheduler_output.num_scheduled_tokens[req_id]
+
+        sampled, logprobs = self._bookkeeping_sync(sampler_output, inputs.discard_request_mask)
         return ModelRunnerOutput(
             req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled_lists,
-            logprobs=logprobs_lists,
+            req_id_to_index=dict(self.input_batch.req_id_to_index),
+            sampled_token_ids=sampled,
+            logprobs=logprobs,
         )

@@ -20,6 +20,10 @@ from mini_vllm.kv_cache_interface import cdiv
 
 
 class TorchAttentionImpl(AttentionImpl):
+    # Decodes first, as upstream's CPU backend asks on x86
+    # (vllm/v1/attention/backends/cpu_attn.py:143).
+    reorder_batch_threshold = 1
+
     def forward(
         self, query, key, value, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> torch.Tensor:
