@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 import torch
 
@@ -115,3 +116,24 @@ def assert_plugged(impl, llm) -> None:
     assert type(runner) is impl.gpu_model_runner.GPUModelRunner
     assert type(batch) is impl.gpu_input_batch.InputBatch
     assert type(batch.block_table[0]) is impl.block_table.BlockTable
+
+
+class RecordingBatch:
+    """What ``reorder_batch_to_split_decodes_and_prefills`` reads of a batch
+    (request ids, prompt and computed counts) and a ``swap_states`` that
+    records each swap: rows are (num_prompt_tokens, num_computed_tokens)."""
+
+    def __init__(self, rows: list[tuple[int, int]]) -> None:
+        self.req_ids = [f"r{i}" for i in range(len(rows))]
+        self.num_prompt_tokens = np.array([p for p, _ in rows], dtype=np.int32)
+        self.num_computed_tokens_cpu = np.array([c for _, c in rows], dtype=np.int32)
+        self.swaps: list[tuple[int, int]] = []
+
+    def swap_states(self, i1: int, i2: int) -> None:
+        if i1 == i2 or not (0 <= i1 < len(self.req_ids) and 0 <= i2 < len(self.req_ids)):
+            raise ValueError(f"swap_states({i1}, {i2}) on a batch of {len(self.req_ids)} rows")
+        self.swaps.append((i1, i2))
+        ids = self.req_ids
+        ids[i1], ids[i2] = ids[i2], ids[i1]
+        for array in (self.num_prompt_tokens, self.num_computed_tokens_cpu):
+            array[[i1, i2]] = array[[i2, i1]]
