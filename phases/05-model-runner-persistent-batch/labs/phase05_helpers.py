@@ -137,3 +137,36 @@ class RecordingBatch:
         ids[i1], ids[i2] = ids[i2], ids[i1]
         for array in (self.num_prompt_tokens, self.num_computed_tokens_cpu):
             array[[i1, i2]] = array[[i2, i1]]
+
+
+def every_region_written(impl) -> None:
+    """Fail at once if a Phase 05 region of ``impl`` still raises
+    NotImplementedError: a few cheap calls that reach every region, so a real
+    run does not load a model first to find out."""
+    from types import SimpleNamespace
+
+    from mini_vllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+    batch = make_input_batch(impl)
+    for req_id in ("a", "b"):
+        written(batch.add_request, request(req_id, [1, 2], blocks=[1]))
+    batch.refresh_metadata()
+    written(batch.remove_request, "a")
+    written(batch.condense)  # moves b down into row 0
+    table = impl.block_table.BlockTable(4, 2, 2, 4, False, torch.device("cpu"))
+    written(table.append_row, [3], 0)
+    written(table.move_row, 0, 1)
+    written(table.swap_row, 0, 1)
+    table.commit_block_table(1)
+    qsl, positions = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0])
+    written(table.compute_slot_mapping, 1, qsl, positions)
+    so = SimpleNamespace(num_scheduled_tokens={"r0": 2, "r1": 1})
+    written(
+        impl.utils.reorder_batch_to_split_decodes_and_prefills, RecordingBatch([(2, 0), (2, 2)]), so
+    )
+    runner = runner_side(impl)({"block_size": 4, "max_num_seqs": 2}, None, 64, 63).runner
+    new = NewRequestData("a", [1, 2], SamplingParams(), ([1],), 0)
+    out = SchedulerOutput([new], CachedRequestData.make_empty(), {"a": 2}, 2, [0], set())
+    written(runner._update_states, out)
+    cached = CachedRequestData(["a"], set(), [[]], {}, [None], [2], [1])
+    written(runner._update_states, SchedulerOutput([], cached, {"a": 1}, 1, [0], set()))

@@ -33,7 +33,13 @@ from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.testing import hf_greedy
 
-from phase05_helpers import RecordingBatch, assert_plugged, plug_into_engine, written
+from phase05_helpers import (
+    RecordingBatch,
+    assert_plugged,
+    every_region_written,
+    plug_into_engine,
+    written,
+)
 
 PROPERTY = settings(
     max_examples=100,
@@ -216,6 +222,7 @@ def test_tiny_llama_through_your_runner_equals_transformers(impl, tiny_llama, mo
     # decodes, so the batch is reordered every step) and a KV cache of 12
     # usable blocks, too small for all four requests: some are preempted and resumed.
     path, hf = tiny_llama
+    every_region_written(impl)
     plug_into_engine(impl, monkeypatch)
     llm = LLM(
         path,
@@ -282,8 +289,9 @@ def smollm2_reference():
 @pytest.mark.phase
 @pytest.mark.points(5)
 @pytest.mark.timeout(600)
-def test_smollm2_through_your_runner_equals_the_reference(impl, smollm2_reference, monkeypatch):
-    reference, want, ref_stats = smollm2_reference
+def test_smollm2_through_your_runner_equals_the_reference(impl, request, monkeypatch):
+    every_region_written(impl)  # before SmolLM2 is loaded
+    reference, want, ref_stats = request.getfixturevalue("smollm2_reference")
     # Without chunking: one step for all prompts, then SMOL_TOKENS - 1 decode steps.
     assert ref_stats["num_steps"] > SMOL_TOKENS, f"the setup must chunk the prompts: {ref_stats}"
     plug_into_engine(impl, monkeypatch)
