@@ -66,7 +66,17 @@ def test_add_request_fills_the_lowest_hole_first(impl):
     batch, _ = fill(impl, 5)
     for req_id in ("r3", "r1"):  # the higher one first: "lowest", not "latest"
         written(batch.remove_request, req_id)
-    got = [written(batch.add_request, request(n, [7, 7])) for n in ("n1", "n2", "n3")]
+    got = []
+    for name in ("n1", "n2", "n3"):
+        try:
+            got.append(written(batch.add_request, request(name, [7, 7])))
+        except ValueError as e:
+            pytest.fail(
+                f"add_request({name!r}) raised {e!r} on a batch of 6 rows holding 3 requests "
+                f"and two holes (rows 1 and 3; rows so far for n1..: {got}). A hole is a free "
+                "row: add_request fills the lowest hole first, and only then row num_reqs.",
+                pytrace=False,
+            )
     assert got == [1, 3, 5], (
         "add_request gives a new request the LOWEST hole remove_request left (rows 3 then 1 "
         "were removed, so row 1, then row 3), and only when no hole is left a new row at the "
@@ -342,7 +352,14 @@ def test_a_moved_request_takes_everything_of_its_row(impl):
 
 def _lockstep(impl, workload, expected_side, labels):
     expected = run_batch_workload(expected_side, workload)
-    got = written(run_batch_workload, batch_side(impl), workload)
+    try:
+        got = written(run_batch_workload, batch_side(impl), workload)
+    except Exception as e:  # noqa: BLE001 - report it with the workload that raised it
+        pytest.fail(
+            f"Your InputBatch raised {type(e).__name__}: {e} on a workload {labels[0]}'s runs "
+            f"cleanly.\nconfig: {workload.config}\nsteps: {workload.steps}",
+            pytrace=False,
+        )
     diff = first_batch_difference(expected, got, labels=labels)
     assert diff is None, (
         f"Your InputBatch and {labels[0]}'s part ways {diff}\nThe rules: add_request takes the "

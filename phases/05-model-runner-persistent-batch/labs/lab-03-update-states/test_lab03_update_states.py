@@ -242,7 +242,14 @@ def test_an_id_finished_and_new_in_one_step_is_a_new_request(impl):
 
 def _check(impl, workload, threshold=None):
     expected = run_runner_workload(workload, UpstreamRunnerSide, threshold)
-    got = written(run_runner_workload, workload, runner_side(impl), threshold)
+    try:
+        got = written(run_runner_workload, workload, runner_side(impl), threshold)
+    except Exception as e:  # noqa: BLE001 - report it with the workload that raised it
+        pytest.fail(
+            f"Workload {workload.name!r}: your runner raised {type(e).__name__}: {e} on "
+            f"SchedulerOutputs upstream's replay applies cleanly.\nworkload: {workload.to_dict()}",
+            pytrace=False,
+        )
     diff = first_runner_difference(expected, got, labels=("upstream", "yours"))
     assert diff is None, (
         f"Workload {workload.name!r}: your runner and upstream's part ways {diff}\nThe rules: "

@@ -96,8 +96,8 @@ def check_against(fn, want_fn, rows, scheduled, threshold, who):
 
 @pytest.mark.points(3)
 def test_rows_end_in_region_order(impl):
-    rows = [(4, 0), (4, 4), (10, 3), (10, 3), (6, 6), (2, 0), (8, 8)]
-    scheduled = [4, 1, 5, 1, 1, 1, 1]
+    rows = [(10, 3), (4, 0), (4, 4), (10, 3), (6, 6), (2, 0), (8, 8)]
+    scheduled = [1, 4, 1, 5, 1, 1, 1]
     _, _, order = reorder(impl.utils.reorder_batch_to_split_decodes_and_prefills, rows, scheduled)
     regions = {
         f"r{i}": region_of(*r, s, 1) for i, (r, s) in enumerate(zip(rows, scheduled, strict=True))
@@ -193,15 +193,15 @@ def first_difference(got, want) -> int:
     )
 
 
-def run_and_compare(impl, llm, hf, prompts, n):
+def run_and_compare(impl, llm, hf, prompts, lengths):
     assert_plugged(impl, llm)
     outs = written(
         llm.generate,
         [{"prompt_token_ids": p} for p in prompts],
-        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True),
+        [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths],
         use_tqdm=False,
     )
-    for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+    for i, (prompt, out, n) in enumerate(zip(prompts, outs, lengths, strict=True)):
         got, want = out.outputs[0].token_ids, hf_greedy(hf, prompt, n)
         k = first_difference(got, want)
         assert got == want, (
@@ -218,9 +218,12 @@ def run_and_compare(impl, llm, hf, prompts, n):
 @pytest.mark.points(5)
 @pytest.mark.timeout(120)
 def test_tiny_llama_through_your_runner_equals_transformers(impl, tiny_llama, monkeypatch):
-    # Block size 4, a token budget of 8 (prompts are prefilled in chunks beside
-    # decodes, so the batch is reordered every step) and a KV cache of 12
-    # usable blocks, too small for all four requests: some are preempted and resumed.
+    # Eight requests of different lengths, at most four at a time: as one
+    # finishes, the next joins in its (low) row and prefills there, before
+    # rows that decode, so the reorder swaps rows. Block size 4, a token
+    # budget of 8 (prompts prefilled in chunks beside decodes) and a KV cache
+    # of 12 usable blocks, too small for four requests: some are preempted
+    # and resumed.
     path, hf = tiny_llama
     every_region_written(impl)
     plug_into_engine(impl, monkeypatch)
@@ -235,8 +238,8 @@ def test_tiny_llama_through_your_runner_equals_transformers(impl, tiny_llama, mo
         device=DEVICE,
         dtype="float32",
     )
-    prompts = [[(7 * i + 13 * j) % 509 + 3 for j in range(3 + 7 * i)] for i in range(4)]
-    stats = run_and_compare(impl, llm, hf, prompts, 16)
+    prompts = [[(7 * i + 13 * j) % 509 + 3 for j in range(2 + 5 * i % 17)] for i in range(8)]
+    stats = run_and_compare(impl, llm, hf, prompts, [2 + 5 * i % 11 for i in range(8)])
     assert stats["num_preemptions"] > 0, f"the setup must force preemptions: {stats}"
 
 
