@@ -5,7 +5,8 @@ pinned upstream's (built on a CPU), recording after every operation what a
 runner can observe: the order of rows, each request's row and its token
 ids, counts, block ids and sampling parameters, the sampling metadata after
 ``refresh_metadata``, and the slot mapping of a batch of tokens. Used by
-tests/upstream/test_input_batch_lockstep.py.
+tests/upstream/test_input_batch_lockstep.py and Lab 05.1's grader
+(phases/05-model-runner-persistent-batch/labs/lab-01-persistent-batch/).
 
 A workload is a list of steps; each step makes its edits in the order
 upstream's ``GPUModelRunner._update_states`` (vllm/v1/worker/gpu_model_runner.py:1116)
@@ -134,14 +135,15 @@ def _copy(params: dict) -> dict:
 
 
 class MiniSide:
-    """mini_vllm's InputBatch and the runner's request states."""
+    """mini_vllm's InputBatch (or ``input_batch_cls``, a subclass such as a
+    student's) and the runner's request states."""
 
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, input_batch_cls=None) -> None:
         from mini_vllm.sampling_params import SamplingParams
         from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
 
         self._params, self._state = SamplingParams, CachedRequestState
-        self.batch = InputBatch(
+        self.batch = (input_batch_cls or InputBatch)(
             max_num_reqs=config["max_num_reqs"],
             max_model_len=config["max_model_len"],
             max_num_batched_tokens=config["max_num_batched_tokens"],

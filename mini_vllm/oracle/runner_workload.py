@@ -26,7 +26,8 @@ discard mask of the step, and the tokens each row keeps. Both sides are fed
 the same sampled tokens: the fake model's, for the requests the scheduler
 expects to sample; rows that should discard get -1.
 
-Used by tests/upstream/test_runner_lockstep.py.
+Used by tests/upstream/test_runner_lockstep.py and Lab 05.3's grader
+(phases/05-model-runner-persistent-batch/labs/lab-03-update-states/).
 """
 
 from __future__ import annotations

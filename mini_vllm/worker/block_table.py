@@ -66,13 +66,18 @@ class BlockTable:
             max_num_batched_tokens, dtype=torch.int64, device=device, pin_memory=pin_memory
         )
 
+    # BEGIN LAB 05.2: append a request's new blocks to its row
     def append_row(self, block_ids: list[int], row_idx: int) -> None:
         """Add ``block_ids`` after the blocks row ``row_idx`` already holds."""
+        # HINT: the row holds num_blocks_per_row[row_idx] blocks: write the new ones right after
+        # HINT: them in the host table (self.block_table.np) and count them. No ids, no change.
         if not block_ids:
             return
         start = self.num_blocks_per_row[row_idx]
         self.num_blocks_per_row[row_idx] += len(block_ids)
         self.block_table.np[row_idx, start : start + len(block_ids)] = block_ids
+
+    # END LAB 05.2
 
     def add_row(self, block_ids: list[int], row_idx: int) -> None:
         """Make ``block_ids`` the whole content of row ``row_idx``."""
@@ -84,18 +89,30 @@ class BlockTable:
         self.block_table.np[row_idx, :num_blocks] = 0
         self.num_blocks_per_row[row_idx] = 0
 
+    # BEGIN LAB 05.2: copy a row into another (condense moves a request down)
     def move_row(self, src: int, tgt: int) -> None:
         """Copy row ``src`` into row ``tgt``; ``src`` is left as it was."""
+        # HINT: copy the blocks in use (num_blocks_per_row[src] of them) and the count; what
+        # HINT: lies past them in tgt is stale and never read.
         num_blocks = self.num_blocks_per_row[src]
         table = self.block_table.np
         table[tgt, :num_blocks] = table[src, :num_blocks]
         self.num_blocks_per_row[tgt] = num_blocks
 
+    # END LAB 05.2
+
+    # BEGIN LAB 05.2: exchange two rows (the decode-first reorder swaps requests)
     def swap_row(self, src: int, tgt: int) -> None:
+        """Exchange rows ``src`` and ``tgt``: their blocks and their counts."""
+        # HINT: numpy: a[[i, j]] = a[[j, i]] swaps two rows safely (the right side is a copy);
+        # HINT: a[i], a[j] = a[j], a[i] does not (a[i] is a view).
         # Fancy indexing on the right makes copies, so both rows swap whole.
         self.num_blocks_per_row[[src, tgt]] = self.num_blocks_per_row[[tgt, src]]
         self.block_table.np[[src, tgt]] = self.block_table.np[[tgt, src]]
 
+    # END LAB 05.2
+
+    # BEGIN LAB 05.2: the KV-cache slot of every scheduled token, then padding
     def compute_slot_mapping(
         self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor
     ) -> None:
@@ -105,6 +122,10 @@ class BlockTable:
         batch row; ``positions`` (int64 [num_tokens]) is each token's position
         in its request. Reads the device table, so commit it first.
         """
+        # HINT: token t of batch row r at position p goes to slot
+        # HINT: block_table.gpu[r, p // block_size] * block_size + p % block_size (int64);
+        # HINT: slots past the step's tokens hold PAD_SLOT_ID. Read self.block_table.gpu (the
+        # HINT: committed copy), never .np: rows edited since the last commit are not seen yet.
         num_tokens = positions.shape[0]
         query_lens = query_start_loc[1 : num_reqs + 1] - query_start_loc[:num_reqs]  # [num_reqs]
         rows = torch.arange(num_reqs, device=positions.device)
@@ -114,6 +135,8 @@ class BlockTable:
         slots = self.slot_mapping.gpu  # [max_num_batched_tokens]
         slots[:num_tokens] = block_numbers.long() * self.block_size + positions % self.block_size
         slots[num_tokens:] = PAD_SLOT_ID
+
+    # END LAB 05.2
 
     def commit_block_table(self, num_reqs: int) -> None:
         self.block_table.copy_to_gpu(num_reqs)

@@ -186,11 +186,17 @@ class InputBatch:
 
     def add_request(self, request: CachedRequestState) -> int:
         """Give ``request`` a row (the lowest hole, else a new last row); return it."""
+        # BEGIN LAB 05.1: pick the row: the lowest hole, else a new last row
+        # HINT: receives the request; leaves req_index, the row it gets: the lowest hole that
+        # HINT: remove_request left (self.batch_update_builder.pop_removed() hands it out, or
+        # HINT: None), else the first row past the batch (self.num_reqs).
+        # HINT: A full batch (req_index >= self.max_num_reqs) raises ValueError.
         req_index = self.batch_update_builder.pop_removed()
         if req_index is None:
             req_index = self.num_reqs
         if req_index >= self.max_num_reqs:
             raise ValueError(f"The batch is full: it holds at most {self.max_num_reqs} requests.")
+        # END LAB 05.1
         self.batch_update_builder.batch_changed = True
 
         req_id = request.req_id
@@ -211,6 +217,17 @@ class InputBatch:
         self.num_computed_tokens_cpu[req_index] = request.num_computed_tokens
         self.block_table.add_row(request.block_ids, req_index)
 
+        # BEGIN LAB 05.1: the row's sampling parameters and the sets of rows that need them
+        # HINT: receives req_id and req_index, the row already holding the request's tokens;
+        # HINT: leaves the row's temperature_cpu / top_p_cpu / top_k_cpu set and req_id in the
+        # HINT: sets that say which rows need a feature.
+        # HINT: Greedy (params.sampling_type_greedy): temperature 0.0 and greedy_reqs; else the
+        # HINT: request's temperature and random_reqs. top_p < 1 joins top_p_reqs. A top_k in
+        # HINT: 1 .. vocab_size - 1 joins top_k_reqs; any other top_k is stored as vocab_size.
+        # HINT: A seeded request's generator is kept by row (self.generators); logprobs by
+        # HINT: request id (-1 means the whole vocabulary); min_tokens by row, only while the
+        # HINT: request has fewer outputs than min_tokens: (min_tokens, its output token list,
+        # HINT: params.all_stop_token_ids).
         params = request.sampling_params
         if params.sampling_type_greedy:
             self.temperature_cpu[req_index] = 0.0  # never divided by
@@ -238,6 +255,7 @@ class InputBatch:
                 request.output_token_ids,
                 params.all_stop_token_ids,
             )
+        # END LAB 05.1
         return req_index
 
     def remove_request(self, req_id: str) -> int | None:
@@ -248,6 +266,13 @@ class InputBatch:
         req_index = self.req_id_to_index.pop(req_id, None)
         if req_index is None:
             return None
+        # BEGIN LAB 05.1: leave a hole: forget the row, keep the arrays as they are
+        # HINT: receives req_id and req_index, its row (already gone from req_id_to_index);
+        # HINT: leaves a hole at req_index: self.batch_update_builder.removed_append(req_index)
+        # HINT: so add_request and condense find it, None in self._req_ids and in
+        # HINT: self.req_output_token_ids, the block table row cleared, and the request gone
+        # HINT: from every set and dict that names it, by id or by row.
+        # HINT: Nothing moves: condense closes the holes once the step's additions are done.
         self.batch_update_builder.removed_append(req_index)
         self._req_ids[req_index] = None
         self.req_output_token_ids[req_index] = None
@@ -260,6 +285,7 @@ class InputBatch:
         self.generators.pop(req_index, None)
         self.num_logprobs.pop(req_id, None)
         self.min_tokens.pop(req_index, None)
+        # END LAB 05.1
         return req_index
 
     # ------------------------------------------------------- moving rows
@@ -299,6 +325,13 @@ class InputBatch:
             self._req_ids.clear()
             self.req_output_token_ids.clear()
             return
+        # BEGIN LAB 05.1: fill the lowest hole with the highest request, until none is left below
+        # HINT: receives num_reqs and empty_req_indices (the holes, highest first; the builder's
+        # HINT: peek_removed() / pop_removed() give the lowest); leaves rows 0 .. num_reqs - 1
+        # HINT: full, each move made by self._move_row(highest request row, lowest hole).
+        # HINT: The highest row in use starts at num_reqs + len(holes) - 1 and skips holes.
+        # HINT: Stop when the lowest hole is not below the highest request: what is left are
+        # HINT: holes past the batch, cut off after the region.
         last_req_index = num_reqs + len(empty_req_indices) - 1
         while empty_req_indices:
             while last_req_index in empty_req_indices:
@@ -309,11 +342,17 @@ class InputBatch:
             self.batch_update_builder.pop_removed()
             self._move_row(last_req_index, empty_index)
             last_req_index -= 1
+        # END LAB 05.1
         del self._req_ids[num_reqs:]
         del self.req_output_token_ids[num_reqs:]
 
+    # BEGIN LAB 05.1: move a request, and everything of its row, down into a hole
     def _move_row(self, src: int, tgt: int) -> None:
         """Move the request in row ``src`` to the hole at row ``tgt``."""
+        # HINT: Everything that is per row moves: the id (and req_id_to_index), the output list,
+        # HINT: the tokens in use (num_tokens_no_spec of them), every array of
+        # HINT: self.per_row_arrays, the block table row (block_table.move_row) and the
+        # HINT: generators and min_tokens entries, which are keyed by row. src becomes a hole.
         req_id = self._req_ids[src]
         self._req_ids[tgt], self._req_ids[src] = req_id, None
         out = self.req_output_token_ids
@@ -328,6 +367,8 @@ class InputBatch:
             value = by_row.pop(src, None)
             if value is not None:
                 by_row[tgt] = value
+
+    # END LAB 05.1
 
     # ------------------------------------------------------- sampling metadata
 

@@ -120,6 +120,14 @@ class GPUModelRunner:
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Apply the step's deltas to ``requests`` and to ``input_batch``."""
         batch = self.input_batch
+        cached = scheduler_output.scheduled_cached_reqs
+        # BEGIN LAB 05.3: who leaves the batch: finished requests, and those not scheduled now
+        # HINT: receives the step's scheduler_output; leaves in the batch only the requests
+        # HINT: scheduled this step that were there before: every other req_id's row is a hole
+        # HINT: (batch.remove_request).
+        # HINT: A finished request is also forgotten (self.requests); an unscheduled one
+        # HINT: (preempted, or left out of this step) keeps its state for when it comes back.
+        # HINT: A resumed request (cached.resumed_req_ids) is re-added below, so it leaves too.
         # Finished: forget the request. An id both finished and scheduled
         # again (aborted, then resubmitted) is treated as a new request.
         for req_id in scheduler_output.finished_req_ids:
@@ -130,11 +138,17 @@ class GPUModelRunner:
         # keep the state for when they come back. A resumed request is
         # re-added below, so it leaves the batch too if it is still there.
         scheduled = scheduler_output.num_scheduled_tokens.keys()
-        cached = scheduler_output.scheduled_cached_reqs
         for req_id in batch.req_id_to_index.keys() - (scheduled - cached.resumed_req_ids):
             batch.remove_request(req_id)
+        # END LAB 05.3
 
         reqs_to_add: list[CachedRequestState] = []
+        # BEGIN LAB 05.3: a new request: the runner's own state, joining the batch whole
+        # HINT: receives scheduler_output.scheduled_new_reqs; leaves a CachedRequestState
+        # HINT: state for each in self.requests and in reqs_to_add.
+        # HINT: Copy the block id lists (the runner extends them in later steps), start with no
+        # HINT: output tokens, and give a random request (not params.sampling_type_greedy) with
+        # HINT: a seed its own torch.Generator on self.device, seeded with it.
         for new in scheduler_output.scheduled_new_reqs:
             params = new.sampling_params
             generator = None
@@ -147,13 +161,23 @@ class GPUModelRunner:
                 sampling_params=params,
                 generator=generator,
                 # The runner's own lists: it extends them in later steps.
-                block_ids=tuple(list(ids) for ids in new.block_ids),
+                block_ids=tuple(list(group) for group in new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 output_token_ids=[],
             )
             self.requests[new.req_id] = state
             reqs_to_add.append(state)
+        # END LAB 05.3
 
+        # BEGIN LAB 05.3: a running or resumed request: apply the step's deltas
+        # HINT: receives cached (parallel lists by i: req_ids, num_computed_tokens,
+        # HINT: new_block_ids, each a tuple of lists per group or None) and reqs_to_add; leaves
+        # HINT: each request's state updated, and the ones not in the batch in reqs_to_add.
+        # HINT: The state always takes the new num_computed_tokens. Its block ids: a resumed
+        # HINT: request's are replaced by the new ones (its old blocks were freed); a running
+        # HINT: one's are extended. A request still in the batch (batch.req_id_to_index) gets
+        # HINT: its row edited in place: num_computed_tokens_cpu and
+        # HINT: batch.block_table.append_row; the others join again with their whole state.
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests[req_id]
             num_computed_tokens = cached.num_computed_tokens[i]
@@ -178,6 +202,7 @@ class GPUModelRunner:
             batch.num_computed_tokens_cpu[req_index] = num_computed_tokens
             if new_block_ids is not None:
                 batch.block_table.append_row(new_block_ids, req_index)
+        # END LAB 05.3
 
         # New and returning requests fill the lowest holes first.
         for state in reqs_to_add:

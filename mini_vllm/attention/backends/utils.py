@@ -38,6 +38,12 @@ def reorder_batch_to_split_decodes_and_prefills(
     num_computed = input_batch.num_computed_tokens_cpu[:num_reqs]
     num_prompt = input_batch.num_prompt_tokens[:num_reqs]
 
+    # BEGIN LAB 05.4: each row's region: decode, short extend, long extend, prefill
+    # HINT: receives num_scheduled, num_computed and num_prompt (one entry per row); leaves
+    # HINT: region, an int array: 0 decode, 1 short extend, 2 long extend, 3 prefill.
+    # HINT: No context yet (num_computed == 0) is a prefill, whatever else. With context: more
+    # HINT: than decode_threshold new tokens is a long extend; at most that many is a decode
+    # HINT: once the prompt is done (num_computed >= num_prompt), else a short extend.
     has_context = num_computed > 0
     few_tokens = num_scheduled <= decode_threshold
     prompt_done = num_computed >= num_prompt
@@ -45,7 +51,15 @@ def reorder_batch_to_split_decodes_and_prefills(
     region[has_context & few_tokens & ~prompt_done] = 1
     region[has_context & ~few_tokens] = 2
     region[~has_context] = 3
+    # END LAB 05.4
 
+    # BEGIN LAB 05.4: move only the misplaced rows, along the cycles of the permutation
+    # HINT: receives region; leaves the rows in region order, moved only by
+    # HINT: input_batch.swap_states, and returns False at once if no row is misplaced.
+    # HINT: Upstream's order of swaps: the rows whose region differs from the sorted regions'
+    # HINT: are the misplaced ones; taken in region order (stable), the k-th of them belongs
+    # HINT: at the k-th misplaced row. Follow each cycle: swap a row with its destination; the
+    # HINT: destination is then final, and the row now holds the one that was there.
     # The region each row must hold once sorted: [0]*decodes + [1]*short ...
     wanted = np.sort(region, kind="stable")
     misplaced = np.flatnonzero(region != wanted)
@@ -66,4 +80,5 @@ def reorder_batch_to_split_decodes_and_prefills(
             next_goal = destination[goal]
             destination[goal] = goal
             goal = next_goal
+    # END LAB 05.4
     return True
