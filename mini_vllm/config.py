@@ -126,13 +126,13 @@ class DeviceConfig:
 
 @dataclass
 class AttentionConfig:
-    # "auto" = triton on CUDA, torch on CPU; or "torch" / "triton".
+    # "auto" = triton on CUDA, cpu on CPU; or "cpu" / "torch" / "triton".
     backend: str = "auto"
 
     def verify(self) -> None:
-        if self.backend not in ("auto", "torch", "triton"):
+        if self.backend not in ("auto", "cpu", "torch", "triton"):
             raise ValueError(
-                f"attention backend must be auto, torch or triton, got {self.backend!r}."
+                f"attention backend must be auto, cpu, torch or triton, got {self.backend!r}."
             )
 
 

@@ -26,6 +26,10 @@ if "TRITON_INTERPRET" not in os.environ:
     except ImportError:
         pass
 
+# Loads in tests read the GGUF itself, not a cache entry a previous run left
+# in the user's cache folder (tests/test_gguf_cache.py turns it on, in tmp).
+os.environ.setdefault("MINI_VLLM_CACHE_DIR", "off")
+
 HAVE_UPSTREAM = importlib.util.find_spec("vllm") is not None
 
 

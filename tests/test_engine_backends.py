@@ -1,4 +1,4 @@
-"""The engine with attention_backend="triton" against "torch" (the reference).
+"""The engine with attention_backend="triton" or "cpu" against "torch" (the reference).
 
 On CPU the Triton kernels run under Triton's interpreter (conftest.py sets
 TRITON_INTERPRET=1), which is slow, so the CPU tests use the tiny seeded
@@ -33,6 +33,7 @@ import torch
 from hf_reference import PROMPTS, hf_greedy
 from transformers import AutoModelForCausalLM
 
+from mini_vllm.attention.backends.cpu_attn import CPUAttentionBackendImpl
 from mini_vllm.attention.backends.torch_attn import TorchAttentionImpl
 from mini_vllm.attention.backends.triton_attn import TritonAttentionImpl
 from mini_vllm.entrypoints.llm import LLM
@@ -40,7 +41,11 @@ from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
 from mini_vllm.sampling_params import SamplingParams
 
-IMPLS = {"torch": TorchAttentionImpl, "triton": TritonAttentionImpl}
+IMPLS = {
+    "torch": TorchAttentionImpl,
+    "triton": TritonAttentionImpl,
+    "cpu": CPUAttentionBackendImpl,
+}
 
 
 def greedy(n: int, logprobs: int | None = None) -> SamplingParams:
@@ -87,16 +92,51 @@ def run_tiny(path: str, backend: str) -> tuple[list[list[int]], dict]:
     return token_ids(outs), llm.llm_engine.get_stats()
 
 
-def test_tiny_triton_backend_matches_torch_backend(tiny):
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+def test_tiny_backend_matches_torch_backend(tiny, backend):
     path, hf = tiny
     torch_tokens, _ = run_tiny(path, "torch")
-    triton_tokens, stats = run_tiny(path, "triton")
-    assert triton_tokens == torch_tokens
+    tokens, stats = run_tiny(path, backend)
+    assert tokens == torch_tokens
     # Both equal transformers too, so the comparison is not between two wrong answers.
     for prompt, tokens in zip(TINY_PROMPTS + PAIR, torch_tokens, strict=True):
         assert tokens == hf_greedy(hf, prompt, N)
     assert stats["num_steps"] > N + len(TINY_PROMPTS), "prefills should have been chunked"
     assert stats["prefix_cache_hits"] >= 32, stats  # the second of the pair reused 4 blocks
+
+
+def test_cpu_is_the_default_backend_on_cpu(tiny):
+    path, _ = tiny
+    llm = LLM(path, max_model_len=64, kv_cache_memory_bytes=4 << 20, device="cpu")
+    assert llm.llm_engine.attention_backend == "cpu"
+    layers = llm.llm_engine.model.attention_layers()
+    assert all(type(layer.impl) is CPUAttentionBackendImpl for layer in layers)
+
+
+# ----------------------------------------- CPU: SmolLM2, the batched backends
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_smollm2_cpu_backends_match_transformers(backend):
+    """Eight prompts decoding together (a batched decode of 8 rows) after chunked prefills."""
+    path = smollm2_gguf_path()
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    llm = LLM(
+        str(path),
+        device="cpu",
+        attention_backend=backend,
+        max_model_len=256,
+        kv_cache_memory_bytes=64 << 20,
+        max_num_batched_tokens=48,
+        max_num_seqs=8,
+    )
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS[:8]]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(10), use_tqdm=False)
+    for prompt, tokens in zip(prompts, token_ids(outs), strict=True):
+        assert tokens == hf_greedy(hf, prompt, 10), backend
 
 
 # ------------------------------------------------------- GPU: SmolLM2, compiled

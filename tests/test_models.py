@@ -33,6 +33,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
 from mini_vllm.attention.backend import AttentionMetadata, get_kv_cache_shape
+from mini_vllm.attention.backends.cpu_attn import CPUAttentionBackendImpl
 from mini_vllm.attention.backends.torch_attn import TorchAttentionImpl
 from mini_vllm.forward_context import set_forward_context
 from mini_vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
@@ -59,10 +60,10 @@ REL_TOL = 1e-4
 class PagedKV:
     """One KV cache tensor per attention layer, and a shuffled free list of block ids."""
 
-    def __init__(self, model, num_blocks: int = 32, seed: int = 0) -> None:
+    def __init__(self, model, num_blocks: int = 32, seed: int = 0, impl=TorchAttentionImpl) -> None:
         for layer in model.attention_layers():
             shape = get_kv_cache_shape(num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_size)
-            layer.bind(TorchAttentionImpl, torch.zeros(shape))
+            layer.bind(impl, torch.zeros(shape))
         self.free = list(range(1, num_blocks))  # block 0 is the null block
         random.Random(seed).shuffle(self.free)
 
@@ -275,8 +276,12 @@ def test_smollm2_gguf_config_matches_transformers(smollm2):
     assert ours.rope_parameters["rope_theta"] == theirs.rope_parameters["rope_theta"] == 1e5
 
 
-def test_mixed_flat_batch_equals_requests_alone(tiny_dirs):
-    """A decode, a prefill chunk on top of cached context and a fresh prefill, in one batch."""
+@pytest.mark.parametrize(
+    "impl", [TorchAttentionImpl, CPUAttentionBackendImpl], ids=["torch", "cpu"]
+)
+def test_mixed_flat_batch_equals_requests_alone(tiny_dirs, impl):
+    """A decode, a prefill chunk on top of cached context and a fresh prefill, in one batch
+    (each backend against the torch backend's requests alone)."""
     model, _, _ = load_model(tiny_dirs["qwen3"])
     g = torch.Generator().manual_seed(2)
     a, b, c = (torch.randint(3, 512, (n,), generator=g).tolist() for n in (20, 30, 9))
@@ -284,7 +289,7 @@ def test_mixed_flat_batch_equals_requests_alone(tiny_dirs):
     def alone(prompt):
         return run_step(model, [(Seq(PagedKV(model)), prompt)])[0]
 
-    kv = PagedKV(model, num_blocks=16, seed=3)
+    kv = PagedKV(model, num_blocks=16, seed=3, impl=impl)
     seq_a, seq_b, seq_c = Seq(kv), Seq(kv), Seq(kv)
     run_step(model, [(seq_a, a[:-1]), (seq_b, b[:12])])  # a: all but its last token; b: a chunk
     out_a, out_b, out_c = run_step(model, [(seq_a, a[-1:]), (seq_b, b[12:]), (seq_c, c)])

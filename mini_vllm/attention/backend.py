@@ -83,7 +83,11 @@ class AttentionImpl:
 
 
 def get_attn_backend(name: str) -> type[AttentionImpl]:
-    """'torch' (the reference) or 'triton'."""
+    """'cpu' (batched torch, the default on CPU), 'torch' (the reference) or 'triton'."""
+    if name == "cpu":
+        from mini_vllm.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+        return CPUAttentionBackendImpl
     if name == "torch":
         from mini_vllm.attention.backends.torch_attn import TorchAttentionImpl
 
@@ -92,4 +96,4 @@ def get_attn_backend(name: str) -> type[AttentionImpl]:
         from mini_vllm.attention.backends.triton_attn import TritonAttentionImpl
 
         return TritonAttentionImpl
-    raise ValueError(f"Unknown attention backend {name!r}: use 'torch' or 'triton'.")
+    raise ValueError(f"Unknown attention backend {name!r}: use 'cpu', 'torch' or 'triton'.")

@@ -63,7 +63,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         backend = vllm_config.attention_config.backend
         if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
+            backend = "triton" if self.device.type == "cuda" else "cpu"
         if backend == "triton" and self.device.type == "cpu":
             # Triton has no CPU target: its interpreter runs the kernels. The
             # switch is read when triton is first imported (its own library

@@ -60,7 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "cpu", "torch", "triton"],
+        help="auto: triton on CUDA, cpu (batched torch) on CPU; torch: the readable reference",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p
 

@@ -195,7 +195,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "cpu", "torch", "triton"],
+        help="auto: triton on CUDA, cpu (batched torch) on CPU; torch: the readable reference",
+    )
     return parser
 
 

