@@ -51,10 +51,13 @@ def served(impl, tiny_model, monkeypatch):
     server.stop()
 
 
-def client_of(server, timeout: float = 15.0) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=timeout
-    )
+@pytest.fixture
+def client(served):
+    """The official client, pointed at your server."""
+    with openai.OpenAI(
+        base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=15.0
+    ) as client:
+        yield client
 
 
 def reference_text(llm: LLM, prompt: str, **params) -> str:
@@ -170,8 +173,7 @@ def test_the_collector_hands_over_the_newest_output_of_each_child(impl, loop):
 
 @pytest.mark.points(3)
 @pytest.mark.timeout(120)
-def test_whole_completions_equal_llm_generate(served, offline_llm):
-    client = client_of(served)
+def test_whole_completions_equal_llm_generate(client, offline_llm):
     for prompt in PROMPTS:
         got = request(
             client.completions.create, model=MODEL, prompt=prompt, temperature=0, max_tokens=10
@@ -202,8 +204,7 @@ def test_whole_completions_equal_llm_generate(served, offline_llm):
 
 @pytest.mark.points(3)
 @pytest.mark.timeout(120)
-def test_streamed_deltas_concatenate_to_llm_generates_text(served, offline_llm):
-    client = client_of(served)
+def test_streamed_deltas_concatenate_to_llm_generates_text(served, client, offline_llm):
     want = reference_text(offline_llm, PROMPTS[1], temperature=0, max_tokens=16)
     chunks = list(
         request(
@@ -318,9 +319,10 @@ def test_concurrent_streams_lose_nothing(served, offline_llm):
         aclient = openai.AsyncOpenAI(
             base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=60
         )
-        return await asyncio.gather(
-            *(one(aclient, p, m) for p, m in zip(prompts, max_tokens, strict=True))
-        )
+        async with aclient:
+            return await asyncio.gather(
+                *(one(aclient, p, m) for p, m in zip(prompts, max_tokens, strict=True))
+            )
 
     try:
         got = asyncio.run(run_all())
