@@ -73,3 +73,39 @@ def test_the_header_lists_every_region_of_a_lab():
         if path.name == "block_pool.py":
             for region in regions:
                 assert f"  - {region.title}" in header, region
+
+
+# A planted async generator whose region sits in an `except` block (Phase 16's shape).
+PLANTED_ASYNC = """
+async def relay(source, on_abort):
+    \"\"\"Yield what the source yields; abort if the caller goes away.\"\"\"
+    try:
+        async for item in source:
+            yield item
+    except BaseException:
+        # BEGIN LAB 99.2: abort, then re-raise
+        # HINT: receives on_abort; re-raises.
+        on_abort()
+        raise
+        # END LAB 99.2
+"""
+
+
+def test_a_region_in_an_async_function_and_an_except_block(tmp_path, monkeypatch):
+    module = tmp_path / "mini_vllm" / "planted_async.py"
+    module.parent.mkdir()
+    module.write_text(textwrap.dedent(PLANTED_ASYNC))
+    monkeypatch.setattr(R, "REPO_ROOT", tmp_path)
+    starter = R.make_starter(module, "99", set())
+    assert "async def relay(source, on_abort):" in starter
+    # Inside `except`, the stub raises `from None` (ruff's B904), and nothing else is kept.
+    stub = starter.split("# BEGIN LAB 99.2")[1].split("# END LAB 99.2")[0]
+    assert "on_abort()" not in stub and "from None" in stub, stub
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F,E,B"]
+        + ["--output-format", "concise", "--stdin-filename", "starter.py", "-"],
+        input=starter,
+        capture_output=True,
+        text=True,
+    )
+    assert lint.returncode == 0, lint.stdout

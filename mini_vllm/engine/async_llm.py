@@ -146,6 +146,12 @@ class RequestOutputCollector:
         self.ready.set()
 
     async def get(self) -> list[tuple[int, RequestOutput]]:
+        """The newest output of every child that moved since the last call."""
+        # BEGIN LAB 16.3: wait for this request's outputs, then hand over all of them
+        # HINT: receives self (pending, error, ready); returns [(child index, output)] sorted
+        # HINT: by index, or raises the error. Wait on the event while there is nothing to
+        # HINT: hand over (the output handler sets it); clear it before returning; empty
+        # HINT: pending so the next call waits for new outputs.
         while not self.pending and self.error is None:
             await self.ready.wait()
         self.ready.clear()
@@ -154,6 +160,7 @@ class RequestOutputCollector:
         outputs = sorted(self.pending.items())
         self.pending = {}
         return outputs
+        # END LAB 16.3
 
 
 @dataclass
@@ -248,11 +255,17 @@ class AsyncLLM:
                 num_prompt_tokens += len(state.prompt_token_ids)
             num_generation_tokens += len(out.new_token_ids)
         processed = self.output_processor.process_outputs(outputs)
+        # BEGIN LAB 16.3: route each output to its own request's collector
+        # HINT: receives processed.request_outputs (one per child request that moved);
+        # HINT: leaves each in its collector. self.collectors maps a child id to
+        # HINT: (collector, child index); a finished child's entry is removed, so that
+        # HINT: nothing is kept for a request that is over.
         for output in processed.request_outputs:
             collector, index = self.collectors[output.request_id]
             collector.put(index, output)
             if output.finished:
                 del self.collectors[output.request_id]
+        # END LAB 16.3
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort)
         self.stat_logger.record(
@@ -343,21 +356,31 @@ class AsyncLLM:
                     metrics=first.metrics,
                 )
         except BaseException:
-            # The caller went away (GeneratorExit, CancelledError) or a child
-            # failed: abort whatever of this request still runs.
+            # BEGIN LAB 16.3: the caller went away: abort what still runs
+            # HINT: receives collector (None if add_request itself failed); re-raises.
+            # HINT: GeneratorExit (the generator was closed), CancelledError (its task was
+            # HINT: cancelled) or a child's error all land here: abort every child of this
+            # HINT: request, then re-raise the same exception.
             if collector is not None:
                 self.abort(collector.child_ids)
             raise
+            # END LAB 16.3
 
     def abort(self, request_ids: str | list[str]) -> None:
         """Forget these (child) requests here and free them in the engine core."""
         if isinstance(request_ids, str):
             request_ids = [request_ids]
+        # BEGIN LAB 16.3: forget the requests here, then free them in the engine core
+        # HINT: receives request_ids (a list); returns nothing. Drop their collectors (an
+        # HINT: id may be gone already), let the output processor forget them (it returns
+        # HINT: the ids it still knew), and send only those to the engine-core thread
+        # HINT: (self.engine_core.abort_requests): that is what frees their KV blocks.
         for request_id in request_ids:
             self.collectors.pop(request_id, None)
         known = self.output_processor.abort_requests(request_ids)
         if known and self.engine_core is not None:
             self.engine_core.abort_requests(known)
+        # END LAB 16.3
 
     def check_health(self) -> bool:
         """False once the engine-core thread has died (it never should)."""

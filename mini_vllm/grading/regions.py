@@ -34,6 +34,7 @@ LABS_PACKAGE = "labs"
 BEGIN = re.compile(r"^(?P<indent>[ ]*)# BEGIN LAB (?P<lab>\d\d\.\d+)(?::\s*(?P<title>.*?))?\s*$")
 END = re.compile(r"^(?P<indent>[ ]*)# END LAB (?P<lab>\d\d\.\d+)\s*$")
 HINT = re.compile(r"^\s*# HINT:")
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)  # a region may live in either
 
 
 class RegionError(ValueError):
@@ -139,10 +140,10 @@ def _owner(tree: ast.Module, region: Region):
     first, last = region.begin + 2, region.end  # the lines between the markers
     candidates = []
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
+        if isinstance(node, FUNCTIONS):
             candidates.append((None, node))
         elif isinstance(node, ast.ClassDef):
-            candidates += [(node.name, f) for f in node.body if isinstance(f, ast.FunctionDef)]
+            candidates += [(node.name, f) for f in node.body if isinstance(f, FUNCTIONS)]
     for cls, fn in candidates:
         start = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
         if start >= first and fn.end_lineno <= last:
@@ -215,15 +216,16 @@ def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _raise_lines(indent: str, message: str) -> list[str]:
-    """``raise NotImplementedError(message)`` as ruff format writes it: on one
-    line if it fits, else the message in pieces of at most LINE_LENGTH."""
-    one = f"{indent}raise NotImplementedError({_quote(message)})"
+def _raise_lines(indent: str, message: str, tail: str = "") -> list[str]:
+    """``raise NotImplementedError(message)`` (then ``tail``) as ruff format
+    writes it: on one line if it fits, else the message in pieces of at most
+    LINE_LENGTH."""
+    one = f"{indent}raise NotImplementedError({_quote(message)}){tail}"
     if len(one) <= LINE_LENGTH:
         return [one]
     inner = indent + " " * 4
     if len(inner + _quote(message)) <= LINE_LENGTH:
-        return [f"{indent}raise NotImplementedError(", inner + _quote(message), indent + ")"]
+        return [f"{indent}raise NotImplementedError(", inner + _quote(message), indent + ")" + tail]
     chunks, words = [], message.split(" ")
     current = words.pop(0)
     for word in words:
@@ -234,7 +236,7 @@ def _raise_lines(indent: str, message: str) -> list[str]:
             current += " " + word
     chunks.append(current)
     pieces = [inner + _quote(c) for c in chunks]
-    return [f"{indent}raise NotImplementedError(", *pieces, indent + ")"]
+    return [f"{indent}raise NotImplementedError(", *pieces, indent + ")" + tail]
 
 
 def _stub(
@@ -272,7 +274,13 @@ def _stub(
             if name not in bound_outside and name in read_outside
         ]
     message = f"Lab {region.lab}: {region.title}" if region.title else f"Lab {region.lab}"
-    kept += _raise_lines(indent, f"{message} ({starter_path})")
+    # Inside an ``except`` block the stub raises ``from None`` (ruff's B904).
+    in_handler = any(
+        isinstance(n, ast.ExceptHandler) and n.lineno <= region.begin and region.end <= n.end_lineno
+        for n in ast.walk(fn)
+    )
+    tail = " from None" if in_handler and not whole else ""
+    kept += _raise_lines(indent, f"{message} ({starter_path})", tail)
     if whole:  # the blank lines between the function and its END marker
         kept += [""] * (len(body) - len("\n".join(body).rstrip("\n").split("\n")))
     return kept
@@ -354,7 +362,7 @@ def _names_used(text: str) -> set[str]:
         annotations = []
         if isinstance(sub, ast.arg | ast.AnnAssign):
             annotations.append(sub.annotation)
-        elif isinstance(sub, ast.FunctionDef):
+        elif isinstance(sub, FUNCTIONS):
             annotations.append(sub.returns)
         for ann in annotations:
             if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
@@ -510,7 +518,7 @@ def _reexported(tree: ast.Module, holed: set[str]) -> list[str]:
     starter can stand in for it."""
     names = []
     for n in tree.body:
-        if isinstance(n, ast.FunctionDef | ast.ClassDef):
+        if isinstance(n, (*FUNCTIONS, ast.ClassDef)):
             if n.name not in holed:
                 names.append(n.name)
         elif isinstance(n, ast.Assign) and len(n.targets) == 1:

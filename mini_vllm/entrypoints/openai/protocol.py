@@ -135,21 +135,34 @@ class _SamplingRequest(OpenAIBaseModel):
 
     def check_supported(self) -> None:
         """Refuse every field mini_vllm cannot honour that differs from its default."""
+        # BEGIN LAB 16.2: refuse what SamplingParams cannot honour, naming the field
+        # HINT: receives self (a parsed request); returns nothing or raises.
+        # HINT: for each name in self.UNSUPPORTED that SamplingParams does not have
+        # HINT: (_SAMPLING_PARAMS_FIELDS): compare the value with the field's default
+        # HINT: (type(self).model_fields[name].get_default(call_default_factory=True));
+        # HINT: a different value raises UnsupportedParameterError(name, value).
         for name in self.UNSUPPORTED:
             if name in _SAMPLING_PARAMS_FIELDS:
                 continue
             value = getattr(self, name)
             if value != type(self).model_fields[name].get_default(call_default_factory=True):
                 raise UnsupportedParameterError(name, value)
+        # END LAB 16.2
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """Every set field SamplingParams has, by name (None: SamplingParams' default)."""
+        # BEGIN LAB 16.2: request fields to SamplingParams keyword arguments
+        # HINT: receives self; returns the keyword arguments after checking them.
+        # HINT: refuse first (self.check_supported()), then keep every declared field
+        # HINT: (type(self).model_fields) that SamplingParams has and that is not None:
+        # HINT: None means "SamplingParams' own default", so it is left out.
         self.check_supported()
         return {
             name: getattr(self, name)
             for name in type(self).model_fields
             if name in _SAMPLING_PARAMS_FIELDS and getattr(self, name) is not None
         }
+        # END LAB 16.2
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         """SamplingParams for this request (a bad value raises ValueError)."""

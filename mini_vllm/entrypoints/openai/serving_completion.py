@@ -127,6 +127,16 @@ class OpenAIServingCompletion(OpenAIServing):
                 if res.prompt_token_ids is not None:
                     num_prompt_tokens[prompt_idx] = len(res.prompt_token_ids)
                 for output in res.outputs:
+                    # BEGIN LAB 16.1: one SSE event for one new piece of one choice
+                    # HINT: receives output (a delta: only what is new), prompt_idx, request and
+                    # HINT: the running lists; yields at most one event and updates the lists.
+                    # HINT: choice index = prompt_idx * n + output.index. Nothing at all for an
+                    # HINT: output with no text, no tokens and none sent before (a chunked prefill).
+                    # HINT: an event is "data: " + chunk.model_dump_json(exclude_unset=True) + a
+                    # HINT: blank line; pass every choice field explicitly (exclude_unset keeps
+                    # HINT: them).
+                    # HINT: the system fingerprint rides on a choice's last chunk, only when no
+                    # HINT: usage chunk will follow; continuous usage counts this choice's tokens.
                     i = output.index + prompt_idx * num_choices
                     if not output.text and not output.token_ids and not previous_num_tokens[i]:
                         continue  # a chunked prefill step: nothing to send yet
@@ -168,6 +178,11 @@ class OpenAIServingCompletion(OpenAIServing):
                             total_tokens=prompt_tokens + previous_num_tokens[i],
                         )
                     yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+                    # END LAB 16.1
+            # BEGIN LAB 16.1: the usage chunk, after every choice has finished
+            # HINT: receives include_usage and the running counts; yields one event or none.
+            # HINT: no choices, the usage summed over every prompt and choice, the system
+            # HINT: fingerprint; dumped with exclude_none (not exclude_unset, as the others).
             if include_usage:
                 total_prompt_tokens = sum(num_prompt_tokens)
                 total_completion_tokens = sum(previous_num_tokens)
@@ -184,9 +199,14 @@ class OpenAIServingCompletion(OpenAIServing):
                     system_fingerprint=self.system_fingerprint,
                 )
                 yield f"data: {usage_chunk.model_dump_json(exclude_none=True)}\n\n"
+            # END LAB 16.1
         except Exception as e:
             yield f"data: {self.create_streaming_error_response(e)}\n\n"
+        # BEGIN LAB 16.1: the end of the stream
+        # HINT: receives nothing; yields the terminator event the OpenAI client stops on,
+        # HINT: always, after an error event too.
         yield "data: [DONE]\n\n"
+        # END LAB 16.1
 
     def request_output_to_completion_response(
         self,

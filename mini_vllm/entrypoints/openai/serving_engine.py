@@ -45,6 +45,13 @@ def create_error_response(
 ) -> ErrorResponse:
     """The OpenAI error JSON; an exception's class picks the status code."""
     if isinstance(message, Exception):
+        # BEGIN LAB 16.2: an exception's class picks the error type, status code and param
+        # HINT: receives message (an exception); leaves err_type, status_code, param and
+        # HINT: message (now the exception's text) for the ErrorResponse below.
+        # HINT: check the most specific class first: UnsupportedParameterError (400, its
+        # HINT: .parameter), NotFoundError (404), ValueError/TypeError/OverflowError (400,
+        # HINT: "BadRequestError"), anything else "InternalServerError" (500). param is None
+        # HINT: except for the unsupported parameter.
         exc = message
         if isinstance(exc, UnsupportedParameterError):
             err_type, status_code, param = "BadRequestError", HTTPStatus.BAD_REQUEST, exc.parameter
@@ -56,6 +63,7 @@ def create_error_response(
             err_type, status_code = "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR
             param = None
         message = str(exc)
+        # END LAB 16.2
     return ErrorResponse(
         error=ErrorInfo(message=message, type=err_type, code=status_code.value, param=param)
     )
@@ -63,6 +71,11 @@ def create_error_response(
 
 def get_max_tokens(max_model_len: int, max_tokens: int | None, input_length: int) -> int:
     """The requested max_tokens, capped by the room left in the context."""
+    # BEGIN LAB 16.2: max_tokens, capped by the room left in the context
+    # HINT: receives the model's context length, the request's max_tokens (None: as many
+    # HINT: as fit) and the prompt's length; returns a count or raises ValueError.
+    # HINT: a prompt longer than the context is a ValueError (a 400); otherwise the room
+    # HINT: is what the prompt leaves, and max_tokens never exceeds it.
     if max_model_len < input_length:
         raise ValueError(
             f"Input length ({input_length}) exceeds model's maximum context length "
@@ -70,6 +83,7 @@ def get_max_tokens(max_model_len: int, max_tokens: int | None, input_length: int
         )
     room = max_model_len - input_length
     return room if max_tokens is None else min(max_tokens, room)
+    # END LAB 16.2
 
 
 def should_include_usage(stream_options: StreamOptions | None) -> tuple[bool, bool]:
