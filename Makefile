@@ -90,6 +90,7 @@ snapshots: upstream
 bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.scheduler
 	$(BIN)/python -m mini_vllm.benchmarks.throughput
+	$(BIN)/python -m mini_vllm.benchmarks.continuous_batching
 	$(BIN)/python -m mini_vllm.benchmarks.fragmentation
 	$(BIN)/python -m mini_vllm.benchmarks.attention
 	$(BIN)/python -m mini_vllm.benchmarks.kv_cache_speedup

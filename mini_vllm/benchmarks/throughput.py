@@ -1,12 +1,14 @@
 """Output throughput of mini_vllm against transformers' ``generate``, and the demo's memory.
 
 ``python -m mini_vllm.benchmarks.throughput [--repeats N] [--out DIR]``
+``[--attention-backend auto|cpu|torch] [--skip-rss]``
 
 1. CPU: SmolLM2-135M, the shipped Q4_1 GGUF dequantized to float32 (same weights
    on both sides). 32 requests, prompts of seeded random token ids (not text),
    lengths uniform in 32-256; outputs uniform in 32-128, greedy, EOS ignored.
    mini_vllm: one ``LLM.generate`` over all 32 (max_num_seqs=32, 8192-token
-   budget, torch attention, prefix cache reset before each run). transformers:
+   budget, the default attention backend (``cpu``; ``--attention-backend
+   torch`` for the per-request reference), prefix cache reset before each run). transformers:
    one left-padded batch of all 32 (default sdpa attention, DynamicCache),
    greedy, EOS disabled, ``max_new_tokens`` = the longest requested output.
    "Useful" tok/s counts the tokens each request asked for; HF's "raw" counts
@@ -213,7 +215,7 @@ def compare(llm, hf, workload, repeats, hf_batch, pad_id):
     return s, runs
 
 
-def cpu_section(repeats):
+def cpu_section(repeats, attention_backend="auto"):
     from transformers import AutoModelForCausalLM
 
     from mini_vllm.entrypoints.llm import LLM
@@ -226,7 +228,7 @@ def cpu_section(repeats):
         max_num_seqs=32,
         device="cpu",
         dtype="float32",
-        attention_backend="torch",
+        attention_backend=attention_backend,
     )
     hf = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
@@ -237,6 +239,7 @@ def cpu_section(repeats):
         model="SmolLM2-135M (GGUF Q4_1 -> fp32)",
         dtype="float32",
         device=f"CPU, {torch.get_num_threads()} threads",
+        attention_backend=llm.llm_engine.attention_backend,
         workload="32 req, prompt 32-256, output 32-128",
     )
     return s, runs
@@ -405,14 +408,18 @@ def main(argv=None):
         default=64,
         help="static batch size of the transformers baseline on CUDA",
     )
+    parser.add_argument("--attention-backend", default="auto", choices=["auto", "cpu", "torch"])
+    parser.add_argument("--skip-rss", action="store_true", help="skip the demo's peak RSS")
     args = parser.parse_args(argv)
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     args.out.mkdir(parents=True, exist_ok=True)
-    print("demo peak RSS ...", file=sys.stderr)
-    rss = demo_peak_rss_mib()
-    sections = [("cpu", lambda: cpu_section(args.repeats))]
+    rss = None
+    if not args.skip_rss:
+        print("demo peak RSS ...", file=sys.stderr)
+        rss = demo_peak_rss_mib()
+    sections = [("cpu", lambda: cpu_section(args.repeats, args.attention_backend))]
     if torch.cuda.is_available():
         sections.append(("cuda", lambda: gpu_section(args.repeats, args.gpu_hf_batch)))
     else:
@@ -421,7 +428,7 @@ def main(argv=None):
     for kind, section in sections:
         print(f"{kind} ...", file=sys.stderr)
         s, runs = section()
-        if kind == "cpu":
+        if kind == "cpu" and rss is not None:
             s["demo_peak_rss_mib"] = rss
         s.update(
             torch=torch.__version__, transformers=transformers.__version__, repeats=args.repeats

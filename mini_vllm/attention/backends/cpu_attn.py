@@ -22,10 +22,11 @@ definition) computes, to float32 rounding, in fewer and larger operations:
 
 Differs from upstream: torch operations instead of a C++ kernel with its ISA
 variants; upstream hands its SDPA prefill the step's new keys and values
-(cpu_attn.py:364-374), mini_vllm gathers each prefill row's keys and values
-through the block table, cached prefix included, as the torch backend does.
-Left out: FP8 KV cache, sliding
-windows, ALiBi, soft-capping, sinks, encoder attention; see UPSTREAM_PIN.md.
+(cpu_attn.py:369 reads ``key[num_decode_tokens:num_actual_tokens]``),
+mini_vllm gathers each prefill row's keys and values through the block
+table, cached prefix included, as the torch backend does. Left out: FP8 KV
+cache, sliding windows, ALiBi, soft-capping, sinks, encoder attention; see
+UPSTREAM_PIN.md.
 """
 
 from __future__ import annotations

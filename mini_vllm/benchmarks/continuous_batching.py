@@ -1,0 +1,269 @@
+"""Continuous batching against static batching on a CPU, in one run.
+
+``python -m mini_vllm.benchmarks.continuous_batching [--quick] [--repeats N] [--out DIR]``
+
+The workload users have, in the shape of nano-vllm's benchmark (many
+requests, random prompt and output lengths) scaled to a 2-core CPU:
+SmolLM2-135M in float32 (the shipped Q4_1 GGUF dequantized; same weights on
+both sides), ``NUM_REQUESTS`` requests, prompts of seeded random token ids
+with lengths uniform in ``PROMPT_LENS``, outputs uniform in ``OUTPUT_LENS``,
+greedy, EOS ignored (seed 0; ``--quick``: fewer, shorter requests).
+
+- mini_vllm: one ``LLM.generate`` over all of them (max_num_seqs = all,
+  2048-token budget, the default CPU attention backend, prefix cache reset
+  before each run).
+- transformers: ``generate`` in static left-padded batches of 8, 16, 32 and
+  64 (default sdpa attention), each batch run to its longest output; the
+  best batch size of the sweep is the baseline. Tokens are compared with
+  mini_vllm's for every batch size.
+
+Then, for the timed comparison, runs alternate (mini, HF-best, HF-best,
+mini, ...) ``--repeats`` times at the first thread count and
+``--other-repeats`` times at the others (``--threads``, default 1 then 2:
+on a shared machine a thread count that ignores a busy core can cost 10x),
+and medians are reported with the 1-minute load average. The sweep, the
+breakdown and the matmul rates run at the first thread count. Also in the same run:
+
+- the per-part breakdown of one mini_vllm run (``step_breakdown``);
+- the machine's fp32 matmul rate for SmolLM2's linear layers at the batch
+  sizes the engine runs (decode rows and prefill chunks), and the floor it
+  puts under a decode step's linear part: the step's linear FLOPs / rate;
+- the 32-request workload of ``throughput.py`` (prompts 32-256, outputs
+  32-128, one static batch of 32): what a cheaper step buys where all
+  requests fit in one static batch.
+
+Writes ``OUT/continuous_batching_cpu.json``; prints markdown tables.
+This is mini_vllm's own benchmark (upstream's is vllm/benchmarks/throughput.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __name__ == "__main__":
+    os.environ.setdefault("TQDM_DISABLE", "1")  # before torch imports tqdm: no GGUF load bars
+import torch  # noqa: E402
+
+from mini_vllm.benchmarks.step_breakdown import step_breakdown  # noqa: E402
+from mini_vllm.benchmarks.throughput import (  # noqa: E402
+    DEFAULT_OUT,
+    StepTimer,
+    make_workload,
+    run_hf,
+    run_mini,
+)
+
+NUM_REQUESTS, PROMPT_LENS, OUTPUT_LENS = 128, (16, 128), (8, 32)
+QUICK = 32, (16, 64), (4, 16)
+HF_BATCHES = (8, 16, 32, 64)
+med = statistics.median
+
+
+def linear_shapes(cfg) -> list[tuple[int, int]]:
+    """(in, out) of one decoder layer's linears: fused QKV, output, fused gate/up, down."""
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    return [(h, q + 2 * kv), (q, h), (h, 2 * i), (i, h)]
+
+
+def matmul_rate(m: int, shapes, iters: int = 5) -> float:
+    """Median fp32 FLOP/s of ``[m, in] @ [in, out]`` over one layer's linear shapes."""
+    xs = [(torch.randn(m, k), torch.randn(n, k)) for k, n in shapes]
+    flops = sum(2 * m * k * n for k, n in shapes)
+    times = []
+    for _ in range(iters + 1):
+        t0 = time.perf_counter()
+        for x, w in xs:
+            torch.nn.functional.linear(x, w)
+        times.append(time.perf_counter() - t0)
+    return flops / med(times[1:])
+
+
+def hf_sweep(hf, workload, pad_id, mini_tokens):
+    sweep = {}
+    for bs in HF_BATCHES:
+        r = run_hf(hf, workload, bs, pad_id)
+        same = sum(a == b for a, b in zip(r.pop("tokens"), mini_tokens, strict=True))
+        r["identical_to_mini"] = f"{same}/{len(workload)}"
+        sweep[bs] = r
+        print(
+            f"  HF batch {bs}: {r['tok_s']:.1f} useful tok/s, {r['wall_s']:.1f}s, "
+            f"{r['identical_to_mini']} identical (load {r['loadavg_1m']:.1f})",
+            file=sys.stderr,
+        )
+    return sweep
+
+
+def alternate(llm, timer, hf, workload, hf_batch, pad_id, repeats):
+    runs = {"mini": [], "hf": []}
+    for r in range(repeats):
+        for name in ["mini", "hf"] if r % 2 == 0 else ["hf", "mini"]:
+            if name == "mini":
+                res = run_mini(llm, timer, workload)
+                res.pop("decode")
+            else:
+                res = run_hf(hf, workload, hf_batch, pad_id)
+            res.pop("tokens")
+            runs[name].append(res)
+            print(
+                f"  {torch.get_num_threads()} threads, run {r + 1} {name}: "
+                f"{res['tok_s']:.1f} tok/s in {res['wall_s']:.1f}s (load {res['loadavg_1m']:.1f})",
+                file=sys.stderr,
+            )
+    return dict(
+        mini_tok_s=med(r["tok_s"] for r in runs["mini"]),
+        hf_tok_s=med(r["tok_s"] for r in runs["hf"]),
+        ratio=med(r["tok_s"] for r in runs["mini"]) / med(r["tok_s"] for r in runs["hf"]),
+        loadavg_1m=med(r["loadavg_1m"] for r in runs["mini"] + runs["hf"]),
+        mini_steps=runs["mini"][0]["steps"],
+        mini_step_ms=med(1e3 * r["step_s"] / r["steps"] for r in runs["mini"]),
+        runs=runs,
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m mini_vllm.benchmarks.continuous_batching")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a small workload, for development")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--other-repeats", type=int, default=1, help="repeats at the thread counts after the first"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from mini_vllm.entrypoints.llm import LLM
+    from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+    from mini_vllm.sampling_params import SamplingParams
+
+    transformers.utils.logging.set_verbosity_error()
+    n, prompt_lens, output_lens = QUICK if args.quick else (NUM_REQUESTS, PROMPT_LENS, OUTPUT_LENS)
+    path = smollm2_gguf_path()
+    llm = LLM(
+        str(path),
+        max_model_len=512,
+        max_num_seqs=n,
+        max_num_batched_tokens=2048,
+        device="cpu",
+        dtype="float32",
+    )
+    engine = llm.llm_engine
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    pad_id = hf.generation_config.pad_token_id or 0
+    cfg = engine.hf_config
+    workload = make_workload(n, prompt_lens, output_lens, cfg.vocab_size)
+    timer = StepTimer(llm)
+    threads0 = torch.get_num_threads()
+    result = dict(
+        model="SmolLM2-135M (GGUF Q4_1 -> fp32)",
+        workload=f"{n} req, prompt {prompt_lens[0]}-{prompt_lens[1]}, "
+        f"output {output_lens[0]}-{output_lens[1]}, seed 0",
+        attention_backend=engine.attention_backend,
+        cpu_count=os.cpu_count(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        repeats=args.repeats,
+    )
+
+    # Warm-up, then mini_vllm once for its tokens, then the static-batch sweep.
+    torch.set_num_threads(args.threads[0])
+    run_mini(llm, timer, [(p, 2) for p, _ in workload[:2]])
+    run_hf(hf, [(p, 2) for p, _ in workload[:2]], 2, pad_id)
+    first = run_mini(llm, timer, workload)
+    print(f"mini_vllm: {first['tok_s']:.1f} tok/s in {first['wall_s']:.1f}s", file=sys.stderr)
+    sweep = hf_sweep(hf, workload, pad_id, first["tokens"])
+    best = max(sweep, key=lambda bs: sweep[bs]["tok_s"])
+    result.update(
+        hf_sweep=sweep,
+        hf_best_batch=best,
+        mini_first_tok_s=first["tok_s"],
+        mini_steps=first["steps"],
+    )
+
+    # Breakdown and matmul rates at the first thread count.
+    prompts = [{"prompt_token_ids": p} for p, _ in workload]
+    params = [SamplingParams(max_tokens=m, ignore_eos=True, temperature=0.0) for _, m in workload]
+    llm.llm_engine.engine_core.scheduler.reset_prefix_cache()
+    result["breakdown_s"] = step_breakdown(llm, prompts, params)
+    shapes, layers, rates = linear_shapes(cfg), cfg.num_hidden_layers, {}
+    for m in sorted({8, 32, n, 512, 2048}):
+        rate = matmul_rate(m, shapes)
+        rates[m] = dict(
+            gflop_s=rate / 1e9,
+            # the decoder layers' linears for m tokens at that rate (logits excluded)
+            linear_floor_ms=1e3 * layers * sum(2 * m * k * o for k, o in shapes) / rate,
+        )
+    # The run's decoder-layer linear FLOPs (every prompt and output token once)
+    # at the best measured rate: a floor under the breakdown's "linear" part.
+    tokens = sum(len(p) + m for p, m in workload)
+    flops = tokens * layers * sum(2 * k * o for k, o in shapes)
+    best_rate = max(s["gflop_s"] for s in rates.values()) * 1e9
+    result["matmul"] = dict(
+        threads=args.threads[0], by_rows=rates, run_linear_floor_s=flops / best_rate
+    )
+
+    # Alternating timed runs at each thread count (the result is written after each).
+    out = args.out / "continuous_batching_cpu.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    result["by_threads"] = {}
+    for i, t in enumerate(args.threads):
+        torch.set_num_threads(t)
+        repeats = args.repeats if i == 0 else args.other_repeats
+        result["by_threads"][t] = alternate(llm, timer, hf, workload, best, pad_id, repeats)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(table(result), flush=True)
+    torch.set_num_threads(threads0)
+    return 0
+
+
+def table(r) -> str:
+    lines = [
+        f"{r['workload']}; {r['model']}; attention backend {r['attention_backend']}",
+        "",
+        "| transformers static batch | useful tok/s | identical tokens |",
+        "|---:|---:|---:|",
+    ]
+    for bs, s in r["hf_sweep"].items():
+        lines.append(f"| {bs} | {s['tok_s']:.1f} | {s['identical_to_mini']} |")
+    lines += [
+        "",
+        f"| threads | mini_vllm tok/s | HF (batch {r['hf_best_batch']}) tok/s | mini/HF "
+        "| mini ms/step | load avg |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for t, s in r["by_threads"].items():
+        lines.append(
+            f"| {t} | {s['mini_tok_s']:.1f} | {s['hf_tok_s']:.1f} | {s['ratio']:.2f}x "
+            f"| {s['mini_step_ms']:.0f} | {s['loadavg_1m']:.1f} |"
+        )
+    total = sum(r["breakdown_s"].values())
+    lines += ["", "| part (one mini_vllm run) | s | share |", "|---|---:|---:|"]
+    for part, s in r["breakdown_s"].items():
+        lines.append(f"| {part} | {s:.2f} | {100 * s / total:.0f}% |")
+    lines.append(
+        f"\nThe run's decoder linears at the best measured matmul rate: "
+        f"{r['matmul']['run_linear_floor_s']:.2f} s (logits excluded)."
+    )
+    lines += [
+        "",
+        "| matmul rows | fp32 GFLOP/s | 30 layers' linears at that rate |",
+        "|---:|---:|---:|",
+    ]
+    for m, s in r["matmul"]["by_rows"].items():
+        lines.append(f"| {m} | {s['gflop_s']:.1f} | {s['linear_floor_ms']:.1f} ms |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
