@@ -4,9 +4,12 @@ Mirrors upstream ``vllm/v1/attention/backends/cpu_attn.py``
 (``CPUAttentionBackendImpl`` :238, whose ``forward`` :292 sends decodes to a
 C++ kernel and prefills to ``_run_sdpa_forward`` :400) at v0.22.1, in its
 role: upstream's CPU platform selects no other backend
-(``get_attn_backend_cls`` (vllm/platforms/cpu.py:74) returns CPU_ATTN), and
-its metadata builder asks for decodes first on x86 (cpu_attn.py:143 reads
-``reorder_batch_threshold = 1``).
+(``get_attn_backend_cls`` (vllm/platforms/cpu.py:74) returns CPU_ATTN). Its
+metadata builder asks for decodes first only on architectures that do not
+prefer mixed batches (``CPUAttentionMetadataBuilder.__init__``
+(vllm/v1/attention/backends/cpu_attn.py:128) tests the list at :139; x86 and
+ARM are in it); mini_vllm asks for it on every CPU, so the reorder runs, and
+finds its one-token rows wherever they are.
 
 It computes what ``TorchAttentionImpl`` (torch_attn.py, the readable
 definition) computes, to float32 rounding, in fewer and larger operations:
@@ -62,7 +65,7 @@ def gather_workspace(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor
 
 
 class CPUAttentionBackendImpl(AttentionImpl):
-    # Decodes first (vllm/v1/attention/backends/cpu_attn.py:143).
+    # Decodes first on every CPU (upstream: only off x86 and ARM, see above).
     reorder_batch_threshold = 1
 
     def forward(

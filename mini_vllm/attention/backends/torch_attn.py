@@ -20,8 +20,8 @@ from mini_vllm.kv_cache_interface import cdiv
 
 
 class TorchAttentionImpl(AttentionImpl):
-    # Decodes first, as upstream's CPU backend asks on x86
-    # (vllm/v1/attention/backends/cpu_attn.py:143).
+    # Decodes first on every CPU, so the reorder runs; upstream's CPU backend
+    # asks for it only off x86 and ARM (vllm/v1/attention/backends/cpu_attn.py:139).
     reorder_batch_threshold = 1
 
     def forward(
