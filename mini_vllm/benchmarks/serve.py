@@ -25,10 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
 from pathlib import Path
+
+import torch
 
 from mini_vllm.engine.async_llm import AsyncLLM
 from mini_vllm.entrypoints.llm import LLM
@@ -120,6 +123,9 @@ def run_benchmark(
         "model": model,
         "num_requests": num_requests,
         "output_len": output_len,
+        # The conditions: torch's threads and the load average before the run.
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1m": os.getloadavg()[0],
         "llm_generate": {"wall_s": wall, "output_tok_s": ceiling_tokens / wall},
         "server": [],
     }
@@ -153,6 +159,10 @@ def markdown(report: dict) -> str:
             f"{ttft['p50']:.2f} / {ttft['p90']:.2f} / {ttft['p99']:.2f} | "
             f"{1e3 * tpot['p50']:.0f} / {1e3 * tpot['p90']:.0f} / {1e3 * tpot['p99']:.0f} |"
         )
+    lines.append(
+        f"\n{report['num_requests']} requests, {report['output_len']} output tokens each; "
+        f"torch threads {report['torch_threads']}, load average {report['load_average_1m']:.2f}"
+    )
     return "\n".join(lines)
 
 
