@@ -5,6 +5,7 @@
   `make test` and CI do: then a missing pin is an error, never a silent skip.
 - ``gpu`` tests need CUDA and are skipped, visibly, where there is none.
 - Without CUDA, Triton kernels run under its interpreter (TRITON_INTERPRET=1).
+- phase_times.py prints the seconds each phase's honesty checks took.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import phase_times
 import pytest
 
 # Triton decides at import time whether kernels are compiled or interpreted.
@@ -39,6 +41,7 @@ def _have_cuda() -> bool:
 
 def pytest_configure(config):
     config.mini_vllm_counts = {}
+    config.pluginmanager.register(phase_times, "phase_times")
     # The tests run small tensors; with two threads on two busy cores each op
     # pays a synchronisation cost far larger than its work.
     try:
