@@ -122,6 +122,7 @@ def test_reference_scores_full_marks(phase, tmp_path):
     assert not failed, "\n".join(failed)
     assert set(results["labs"]) == lab_dirs(phase) - left_out, "a lab's suite collected no tests"
     assert results["score"] == results["max_score"] > 0 and code == 0, stdout[-2000:]
+    assert "upstream's own unit tests" not in stdout, "--no-upstream-tests printed the line"
 
 
 @pytest.mark.parametrize("phase", PHASES)
