@@ -68,7 +68,7 @@ scheduler-demo: setup
 # MINI_VLLM_REQUIRE_UPSTREAM turns a missing pin into a failure, not a skip.
 test: upstream lint
 	MINI_VLLM_REQUIRE_UPSTREAM=1 $(BIN)/python -m pytest
-	$(BIN)/python -m pytest --nbmake notebooks
+	$(BIN)/python -m pytest --nbmake notebooks -p tests.phase_times
 	$(MAKE) upstream-tests
 
 test-fast: setup
@@ -109,8 +109,9 @@ diff-upstream: upstream
 	@test -n "$(SYMBOL)" || { echo "usage: make diff-upstream SYMBOL=Scheduler.schedule [IMPL=labs]"; exit 2; }
 	$(BIN)/python -m mini_vllm.grading diff $(SYMBOL) $(if $(IMPL),--impl $(IMPL))
 
+# tests/phase_times.py prints the seconds each phase's notebook took.
 notebooks: setup
-	$(BIN)/python -m pytest --nbmake notebooks
+	$(BIN)/python -m pytest --nbmake notebooks -p tests.phase_times
 
 # JupyterLab from the `jupyter` extra, in .venv: the notebooks' `python3` kernel is then
 # .venv's Python. The same interpreter is also registered for your user as "mini_vllm

@@ -5,6 +5,9 @@
   `make test` and CI do: then a missing pin is an error, never a silent skip.
 - ``gpu`` tests need CUDA and are skipped, visibly, where there is none.
 - Without CUDA, Triton kernels run under its interpreter (TRITON_INTERPRET=1).
+- phase_times.py prints the seconds each phase's honesty checks took.
+- Models loaded by several test files load once per run (session fixtures):
+  SmolLM2 in transformers costs ~11 s of CPU a load.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import phase_times
 import pytest
 
 # Triton decides at import time whether kernels are compiled or interpreted.
@@ -43,6 +47,7 @@ def _have_cuda() -> bool:
 
 def pytest_configure(config):
     config.mini_vllm_counts = {}
+    config.pluginmanager.register(phase_times, "phase_times")
     # The tests run small tensors; with two threads on two busy cores each op
     # pays a synchronisation cost far larger than its work.
     try:
@@ -99,3 +104,20 @@ def tiny_qwen3(tmp_path_factory):
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     hf.eval()
     return str(folder), hf
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf():
+    """(GGUF path, transformers model) of SmolLM2-135M-Instruct, fp32, eval:
+    the oracle of test_engine, test_kv_cache_interface and test_models, which
+    only run it (never change its weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    return path, hf.eval()

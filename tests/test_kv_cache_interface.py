@@ -139,22 +139,11 @@ def test_paged_model_refuses_a_gap_in_the_cache(tiny_qwen3):
 
 
 @pytest.mark.slow
-def test_reference_greedy_loops_equal_transformers_on_smollm2(smollm2):
-    path, hf = smollm2
+def test_reference_greedy_loops_equal_transformers_on_smollm2(smollm2_hf):
+    path, hf = smollm2_hf
     model, _, tokenizer = load_model(path, dtype=torch.float32)
     pm = kv_cache_speedup.PagedModel(model, max_model_len=64)
     prompt = tokenizer.encode("The capital of France is")
     expected = hf_greedy(hf, prompt, 8)
     assert kv_cache_speedup.greedy_with_cache(pm, prompt, 8) == expected
     assert kv_cache_speedup.greedy_without_cache(pm, prompt, 8) == expected
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from transformers import AutoModelForCausalLM
-
-    path = smollm2_gguf_path()
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
-    return path, hf

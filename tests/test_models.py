@@ -172,7 +172,7 @@ def _tiny_case(tiny_dirs, arch):
 
 
 @pytest.fixture(scope="module")
-def smollm2(counts):
+def smollm2(counts, request):
     try:
         path = smollm2_gguf_path()
     except FileNotFoundError as e:
@@ -182,9 +182,7 @@ def smollm2(counts):
     counts["models: SmolLM2 load_model seconds (weights + tokenizer)"] = (
         f"{time.perf_counter() - start:.1f}"
     )
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    _, hf = request.getfixturevalue("smollm2_hf")
     return model, hf_config, tokenizer, hf
 
 

@@ -2,8 +2,8 @@
 
 generate [--check] [--out DIR] [--force]   write (or check) the labs/ starters
 solve --out DIR                            a copy of labs/ with the reference's code in every region
-check 03 | 03.2 [--impl ref] [--labs-dir DIR] [--results FILE] [-- PYTEST ARGS]
-                                           grade a phase or one lab; exit 0 only on full marks
+check 03 | 03.2 [--impl ref] [--labs-dir DIR] [--results FILE] [--no-upstream-tests]
+      [-- PYTEST ARGS]                     grade a phase or one lab; exit 0 only on full marks
 diff SYMBOL [--impl labs]                  a symbol beside upstream's at the pin
 """
 
@@ -72,7 +72,16 @@ def phase_dir(phase: str) -> Path:
     return found[0]
 
 
-def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_args: list) -> int:
+def check(
+    target: str,
+    impl: str,
+    labs_dir: str | None,
+    results: str,
+    pytest_args: list,
+    upstream_tests: bool = True,
+) -> int:
+    """Grade ``target``; a whole phase also prints the line of upstream's own
+    unit tests (information, not points) unless ``upstream_tests`` is False."""
     phase, _, lab = target.partition(".")
     if not (phase.isdigit() and len(phase) == 2 and (lab == "" or lab.isdigit())):
         raise SystemExit(f"{target!r}: give a phase like 03 or a lab like 03.2")
@@ -102,7 +111,7 @@ def check(target: str, impl: str, labs_dir: str | None, results: str, pytest_arg
         f"\nScore ({_graded()}):\n{score_table(summary)}\n"
         f"results: {results} (run {summary['run_id']})"
     )
-    if not lab:
+    if not lab and upstream_tests:
         from mini_vllm.grading.upstream_tests import upstream_tests_line
 
         line = upstream_tests_line(phase, impl, hung=outcome.hung)
@@ -137,13 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--impl", choices=["labs", "ref"], default=os.environ.get("IMPL") or "labs")
     c.add_argument("--labs-dir", default=None)
     c.add_argument("--results", default="results.json")
+    c.add_argument(
+        "--no-upstream-tests",
+        dest="upstream_tests",
+        action="store_false",
+        help="leave out the line of upstream's own unit tests (information only; phases 02, 03)",
+    )
     sub.add_parser("diff", help="a symbol beside upstream's (see diff --help)")
     args = parser.parse_args(argv)
     if args.command == "generate":
         return generate(Path(args.out), args.check, args.force)
     if args.command == "solve":
         return solve(Path(args.out))
-    return check(args.target, args.impl, args.labs_dir, args.results, pytest_args)
+    return check(
+        args.target, args.impl, args.labs_dir, args.results, pytest_args, args.upstream_tests
+    )
 
 
 if __name__ == "__main__":

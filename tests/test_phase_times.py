@@ -1,0 +1,29 @@
+"""tests/phase_times.py files each honesty check and notebook under its phase."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from phase_times import phase_and_column
+
+HERE = Path(__file__).parent
+
+
+def test_every_honesty_check_and_notebook_has_a_column():
+    tree = ast.parse((HERE / "test_labs_honest.py").read_text())
+    checks = [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and node.name.startswith("test_")
+        and [a.arg for a in node.args.args][:1] == ["phase"]
+    ]
+    assert len(checks) == 3, checks
+    columns = {phase_and_column(f"tests/test_labs_honest.py::{name}[03]") for name in checks}
+    assert columns == {("03", "reference"), ("03", "starters"), ("03", "solved")}
+    for notebook in sorted((HERE.parent / "notebooks").glob("phase-*.ipynb")):
+        nodeid = f"notebooks/{notebook.name}::{notebook.name}"
+        assert phase_and_column(nodeid) == (notebook.name[6:8], "notebook"), nodeid
+    assert phase_and_column("tests/test_labs_honest.py::test_every_phase_x") is None
+    assert phase_and_column("tests/test_grading.py::test_markers_must_pair_up") is None
