@@ -28,3 +28,60 @@ def test_the_offline_cli_still_takes_a_prompt(capsys):
         cli.main(["--help"])
     assert e.value.code == 0
     assert "--prompt" in capsys.readouterr().out
+
+
+def test_the_serve_command_answers_the_openai_client_and_stops_on_ctrl_c(tmp_path):
+    """What `make serve` runs, as a user runs it: `python -m mini_vllm serve MODEL
+    --port P` in its own process; the official client gets the same greedy text
+    as LLM.generate, and Ctrl-C (SIGINT) shuts the server down with exit 0."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import openai
+    from serve_helpers import tiny_text_model
+
+    from mini_vllm.entrypoints.llm import LLM
+    from mini_vllm.sampling_params import SamplingParams
+
+    model = tiny_text_model()
+    with socket.socket() as s:  # a free port (the kernel's pick, released at once)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "serve.log").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mini_vllm", "serve", model, "--port", str(port)]
+        + ["--max-model-len", "256"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0
+        )
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, f"the server exited: {(tmp_path / 'serve.log').read_text()}"
+            try:
+                served = [m.id for m in client.models.list().data]
+                break
+            except openai.APIConnectionError:
+                assert time.monotonic() < deadline, "the server did not start in 180 s"
+                time.sleep(0.5)
+        assert served == [model]
+        answer = client.completions.create(
+            model=model, prompt="The capital of France is", max_tokens=6, temperature=0
+        )
+        want = LLM(model, max_model_len=256).generate(
+            ["The capital of France is"], SamplingParams(max_tokens=6, temperature=0)
+        )
+        assert answer.choices[0].text == want[0].outputs[0].text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
