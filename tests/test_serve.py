@@ -482,4 +482,10 @@ def test_the_serving_benchmark_runs_and_counts_every_token():
     assert [r["concurrency"] for r in report["server"]] == [1, 3]
     assert all(r["tokens"] == 6 * 8 for r in report["server"])
     assert all(r["ttft_s"]["p50"] > 0 and r["tpot_s"]["p50"] > 0 for r in report["server"])
-    assert markdown(report).count("\n") == 4
+    table = markdown(report)
+    # Two header lines, the LLM.generate ceiling, one row per level; then the conditions.
+    assert sum(line.startswith("|") for line in table.splitlines()) == 5
+    assert report["torch_threads"] >= 1 and report["load_average_1m"] >= 0
+    assert table.endswith(
+        f"torch threads {report['torch_threads']}, load average {report['load_average_1m']:.2f}"
+    )
