@@ -76,10 +76,10 @@ def requests(draw, vocab):
         "temperature": temperature,
         "top_k": draw(st.sampled_from([0, 0, 1, 2, vocab // 2, vocab - 1, vocab])),
         "top_p": draw(st.sampled_from([1.0, 1.0, 0.2, 0.5, 0.9])),
-        "min_p": draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
+        "min_p": draw(st.sampled_from([0.0, 0.05, 0.3, 0.6])),
         "presence_penalty": draw(st.sampled_from([0.0, 0.0, -1.0, 0.5, 2.0])),
         "frequency_penalty": draw(st.sampled_from([0.0, 0.0, -0.5, 1.0])),
-        "repetition_penalty": draw(st.sampled_from([1.0, 1.0, 0.7, 1.3, 2.0])),
+        "repetition_penalty": draw(st.sampled_from([1.0, 0.7, 1.3, 2.0])),
         "logit_bias": draw(
             st.none() | st.dictionaries(ids, st.sampled_from([-100.0, -2.5, 3.0, 100.0]))
         )
@@ -101,7 +101,7 @@ def requests(draw, vocab):
 @st.composite
 def cases(draw):
     vocab = draw(st.integers(6, 20))
-    rows = draw(st.lists(requests(vocab), min_size=1, max_size=MAX_REQS))
+    rows = draw(st.lists(requests(vocab), min_size=2, max_size=MAX_REQS))
     removed = draw(st.sets(st.integers(0, len(rows) - 1), max_size=len(rows) - 1))
     values = st.one_of(st.sampled_from([-2.0, 0.0, 1.0, 1.0, 3.0]), st.floats(-6, 6, width=32))
     logits = draw(st.lists(values, min_size=vocab * MAX_REQS, max_size=vocab * MAX_REQS))
@@ -170,6 +170,46 @@ def _upstream_side(up, vocab, rows, removed):
     return batch
 
 
+def _tensor(value):
+    return None if value is None else value.tolist()
+
+
+def _metadata_fields(meta, num_reqs: int, all_greedy_temperature: bool) -> dict:
+    """The fields both sides fill, in a form both share."""
+    return {
+        "all_greedy": meta.all_greedy,
+        "all_random": meta.all_random,
+        # Upstream leaves the temperature out when every row is greedy.
+        "temperature": None if all_greedy_temperature else _tensor(meta.temperature),
+        "top_k": _tensor(meta.top_k),
+        "top_p": _tensor(meta.top_p),
+        "generator rows": sorted(meta.generators),
+        "max_num_logprobs": meta.max_num_logprobs,
+        "no_penalties": meta.no_penalties,
+        "prompt_token_ids": _tensor(meta.prompt_token_ids),
+        "penalties": None
+        if meta.no_penalties
+        else [
+            _tensor(meta.frequency_penalties),
+            _tensor(meta.presence_penalties),
+            _tensor(meta.repetition_penalties),
+        ],
+        "output_token_ids": [list(o) for o in meta.output_token_ids],
+        "allowed_token_ids_mask": _tensor(meta.allowed_token_ids_mask),
+        "bad_words_token_ids": dict(sorted(meta.bad_words_token_ids.items())),
+    }
+
+
+def _recording(call, record: list):
+    """``call`` (the top-k/top-p sampler), also keeping a copy of the logits it receives."""
+
+    def run(logits, *args):
+        record.append(logits.clone())
+        return call(logits, *args)
+
+    return run
+
+
 def _diff(got: torch.Tensor, want: torch.Tensor) -> str | None:
     for row in range(want.shape[0]):
         if not torch.equal(got[row], want[row]):
@@ -187,16 +227,31 @@ def test_sampler_matches_upstream_on_mixed_batches(up, case):
     logits = all_logits[:n].clone()
     where = f"rows {[rows[int(r[1:])] for r in mini.req_ids]}"
 
+    meta = mini.sampling_metadata
+    mine = _metadata_fields(meta, n, meta.all_greedy)
+    theirs = _metadata_fields(upstream.sampling_metadata, n, meta.all_greedy)
+    assert mine == theirs, where
+
     got = Sampler.apply_logits_processors(logits.clone(), mini.sampling_metadata)
     want = up.Sampler().apply_logits_processors(logits.clone(), upstream.sampling_metadata, False)
     diff = _diff(got, want)
     assert diff is None, f"processed logits differ at {diff}\n{where}"
 
     for seed in (0, 1):
+        mini_seen, up_seen = [], []
+        mini_sampler, up_sampler = Sampler(), up.Sampler()
+        mini_sampler.topk_topp_sampler = _recording(mini_sampler.topk_topp_sampler, mini_seen)
+        forward = up_sampler.topk_topp_sampler.forward
+        up_sampler.topk_topp_sampler.forward = _recording(forward, up_seen)
         torch.manual_seed(seed)
-        out = Sampler()(logits.clone(), mini.sampling_metadata)
+        out = mini_sampler(logits.clone(), mini.sampling_metadata)
         torch.manual_seed(seed)
-        up_out = up.Sampler()(logits.clone(), upstream.sampling_metadata)
+        up_out = up_sampler(logits.clone(), upstream.sampling_metadata)
+        # What reaches top-k / top-p: after temperature and min_p (random rows only).
+        assert len(mini_seen) == len(up_seen), where
+        for got_seen, want_seen in zip(mini_seen, up_seen, strict=True):
+            diff = _diff(got_seen, want_seen)
+            assert diff is None, f"logits entering top-k/top-p differ at {diff}\n{where}"
         want_tokens = up_out.sampled_token_ids.view(-1).tolist()
         assert out.sampled_token_ids.tolist() == want_tokens, f"seed {seed}\n{where}"
         lp = up_out.logprobs_tensors
