@@ -73,6 +73,8 @@ class SamplingParams:
     bad_words: list[str] | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     allowed_token_ids: list[int] | None = None
+    # Free-form per-request arguments, read by custom logits processors.
+    extra_args: dict[str, Any] | None = None
     # Filled in by the engine from the model's generation config.
     _eos_token_id: int | None = field(default=None, repr=False)
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)

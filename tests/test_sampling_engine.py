@@ -16,6 +16,7 @@ from hf_reference import hf_greedy
 from mini_vllm.engine.detokenizer import IncrementalDetokenizer
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+from mini_vllm.sample.logits_processor import LogitsProcessor, process_dict_updates
 from mini_vllm.sampling_params import SamplingParams
 
 VOCAB = 512  # the tiny model's
@@ -469,3 +470,74 @@ def test_allowed_token_ids_restrict_every_token(llm):
 def test_bad_words_need_a_tokenizer(llm):
     with pytest.raises(ValueError, match="bad_words need a tokenizer"):
         generate(llm, prompts_of(1), SamplingParams(bad_words=["x"]))
+
+
+class BanToken(LogitsProcessor):
+    """A custom processor: a request with ``extra_args={"ban": t}`` never gets token t."""
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        ban = (sampling_params.extra_args or {}).get("ban")
+        if ban is not None and (isinstance(ban, bool) or not isinstance(ban, int)):
+            raise ValueError(f"ban must be a token id, got {ban!r}.")
+
+    def __init__(self, vllm_config, device, is_pin_memory):
+        self.bans: dict[int, int] = {}  # row -> banned token
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update) -> None:
+        process_dict_updates(
+            self.bans, batch_update, lambda params, _, __: (params.extra_args or {}).get("ban")
+        )
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for row, token in self.bans.items():
+            logits[row, token] = float("-inf")
+        return logits
+
+
+def test_custom_logits_processor_follows_its_rows(tiny_qwen3):
+    """Requests of different lengths in one batch: rows finish, the batch
+    condenses, and the processor's per-row state must move with its request.
+    Banned rows equal transformers' greedy tokens with the token masked;
+    the others equal plain greedy."""
+    hf = tiny_qwen3[1]
+    llm = LLM(
+        tiny_qwen3[0],
+        max_model_len=128,
+        kv_cache_memory_bytes=16 << 20,
+        logits_processors=[BanToken],
+    )
+    prompts = prompts_of(6, seed=24, max_len=10)
+    lengths = [3, 12, 5, 12, 2, 9]
+    plain = [
+        generate(llm, [p], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))[0]
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+    bans = {i: plain[i].token_ids[0] for i in (1, 2, 5)}
+    params = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=n,
+            ignore_eos=True,
+            extra_args={"ban": bans[i]} if i in bans else None,
+        )
+        for i, n in enumerate(lengths)
+    ]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+        tokens = out.outputs[0].token_ids
+        if i not in bans:
+            assert tokens == plain[i].token_ids, i
+            continue
+
+        def ban(logits, output, token=bans[i]):
+            logits[token] = float("-inf")
+            return logits
+
+        assert tokens == greedy_by_definition(hf, prompt, lengths[i], ban), i
+        assert bans[i] not in tokens
+    with pytest.raises(ValueError, match="ban must be a token id"):
+        generate(llm, prompts[:1], SamplingParams(extra_args={"ban": "x"}))

@@ -49,8 +49,10 @@ class InputProcessor:
         *,
         vocab_size: int,
         max_logprobs: int = 20,
+        logits_processors: list[type] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.logits_processors = list(logits_processors or ())
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_logprobs = max_logprobs
@@ -126,6 +128,10 @@ class InputProcessor:
             raise TypeError(f"params must be a SamplingParams, but got {type(params).__name__}")
         params._validate_logprobs(self.max_logprobs, self.vocab_size)
         params._validate_vocab(self.vocab_size)
+        for processor_cls in self.logits_processors:
+            # upstream's validate_logits_processors_parameters
+            # (vllm/v1/sample/logits_processor/__init__.py:223)
+            processor_cls.validate_params(params)
         if params.stop and self.tokenizer is None:
             # Upstream: "stop strings are only supported when detokenize is True".
             raise ValueError(

@@ -405,7 +405,9 @@ class GPUModelRunner:
 def build_logitsprocs(vllm_config: VllmConfig, device: torch.device) -> LogitsProcessors:
     """The batch's logits processors, as upstream's ``build_logitsprocs``
     (vllm/v1/sample/logits_processor/__init__.py:184): the built-ins, then
-    the custom ones. min_tokens is not among them: mini's batch keeps it
-    (Lab 05.1) and the sampler applies it where upstream's processor runs."""
-    classes = [LogitBiasLogitsProcessor, MinPLogitsProcessor]
+    the custom ones (``LLM(..., logits_processors=[cls, ...])``). min_tokens
+    is not among them: mini's batch keeps it (Lab 05.1) and the sampler
+    applies it where upstream's processor runs."""
+    custom = vllm_config.model_config.logits_processors or []
+    classes = [LogitBiasLogitsProcessor, MinPLogitsProcessor, *custom]
     return LogitsProcessors(cls(vllm_config, device, False) for cls in classes)

@@ -44,7 +44,10 @@ SETTINGS = settings(
 )
 EOS = 1
 MAX_REQS = 8
-CONFIG = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=MAX_REQS))
+CONFIG = SimpleNamespace(
+    scheduler_config=SimpleNamespace(max_num_seqs=MAX_REQS),
+    model_config=SimpleNamespace(logits_processors=None),
+)
 CPU = torch.device("cpu")
 
 
