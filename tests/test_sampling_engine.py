@@ -541,3 +541,15 @@ def test_custom_logits_processor_follows_its_rows(tiny_qwen3):
         assert bans[i] not in tokens
     with pytest.raises(ValueError, match="ban must be a token id"):
         generate(llm, prompts[:1], SamplingParams(extra_args={"ban": "x"}))
+
+
+def test_bad_words_keep_a_word_out_of_smollm2_output(smollm2):
+    """The first word of the greedy output, banned, never appears in its token ids."""
+    prompt = "The capital of France is"
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    plain = smollm2.generate([prompt], greedy, use_tqdm=False)[0].outputs[0]
+    word = decode(smollm2.get_tokenizer(), plain.token_ids[:1])
+    params = SamplingParams(temperature=0.0, max_tokens=8, bad_words=[word])
+    out = smollm2.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    assert plain.token_ids[0] not in out.token_ids
+    assert out.token_ids != plain.token_ids

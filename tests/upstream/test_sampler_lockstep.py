@@ -265,3 +265,22 @@ def test_sampler_matches_upstream_on_mixed_batches(up, case):
             assert ids == lp.logprob_token_ids[row].tolist(), (row, where)
             assert vals == lp.logprobs[row].tolist(), (row, where)
             assert rank == int(lp.selected_token_ranks[row]), (row, where)
+
+
+@pytest.mark.parametrize(
+    "words", [["hello"], [" world", "New York"], ["the", "Paris!", "  spaced"]]
+)
+def test_bad_words_become_the_same_token_ids_as_upstream(up, words):
+    """mini's ``update_from_tokenizer`` against upstream's on SmolLM2's tokenizer."""
+    from transformers import AutoTokenizer
+    from vllm.tokenizers.hf import get_cached_tokenizer
+
+    from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    mini = SamplingParams(bad_words=words)
+    mini.update_from_tokenizer(tokenizer)
+    theirs = up.SamplingParams(bad_words=words)
+    theirs.update_from_tokenizer(get_cached_tokenizer(tokenizer))
+    assert mini.bad_words_token_ids == theirs.bad_words_token_ids
