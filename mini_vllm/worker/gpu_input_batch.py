@@ -26,8 +26,11 @@ Invariants:
 ``CachedRequestState`` (upstream :34) is the model runner's copy of one
 request: the batch reads it in ``add_request``, and keeps a reference to its
 ``output_token_ids`` list, which the runner extends. What is left out
-(penalties, logits processors, speculative decoding, LoRA, pooling, prompt
-embeddings, ...) is listed in UPSTREAM_PIN.md.
+(per-token logprob requests, the thinking budget, speculative decoding,
+LoRA, pooling, prompt embeddings, ...) is listed in UPSTREAM_PIN.md. The
+sampling parameters of Phase 06 (penalties, allowed token ids, bad words)
+live outside the Lab 05.1 regions; the logits processors hear of every
+added, removed and moved row through ``batch_update_builder``.
 """
 
 from __future__ import annotations
