@@ -90,6 +90,9 @@ class ModelConfig:
     seed: int = 0
     # Most logprobs a request may ask for (upstream's default, 20; -1: no cap).
     max_logprobs: int = 20
+    # Custom logits processor classes, run after the built-ins (upstream's
+    # field also takes qualified names; mini_vllm takes classes only).
+    logits_processors: list[type] | None = None
 
     def verify(self) -> None:
         if self.max_model_len < 2:

@@ -54,6 +54,10 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     seed: int | None = None
     # Strings that end the request when they appear in the output text
     # (checked by the front end's detokenizer, not by the scheduler).
@@ -64,9 +68,17 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
+    # Strings whose tokens may not be generated; the input processor turns
+    # them into token-id lists (``update_from_tokenizer``).
+    bad_words: list[str] | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    allowed_token_ids: list[int] | None = None
+    # Free-form per-request arguments, read by custom logits processors.
+    extra_args: dict[str, Any] | None = None
     # Filled in by the engine from the model's generation config.
     _eos_token_id: int | None = field(default=None, repr=False)
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.logprobs is True:
@@ -96,10 +108,19 @@ class SamplingParams:
                 "stop_token_ids must be a list of integers, got "
                 f"{type(self.stop_token_ids).__name__}."
             )
+        if self.bad_words is None:
+            self.bad_words = []
+        elif isinstance(self.bad_words, (list, tuple)):
+            self.bad_words = list(self.bad_words)
+        else:
+            raise ValueError(
+                f"bad_words must be a list of strings, got {type(self.bad_words).__name__}."
+            )
         self._verify_args()
         if self.temperature < _SAMPLING_EPS:
             self.top_p = 1.0
             self.top_k = 0
+            self.min_p = 0.0
         self._all_stop_token_ids.update(self.stop_token_ids)
 
     def _check_types(self) -> None:
@@ -110,6 +131,29 @@ class SamplingParams:
         self.temperature = _check_real("temperature", self.temperature)
         self.top_p = _check_real("top_p", self.top_p)
         self.top_k = _check_int("top_k", self.top_k)
+        self.min_p = _check_real("min_p", self.min_p)
+        self.presence_penalty = _check_real("presence_penalty", self.presence_penalty)
+        self.frequency_penalty = _check_real("frequency_penalty", self.frequency_penalty)
+        self.repetition_penalty = _check_real("repetition_penalty", self.repetition_penalty)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(
+                    "logit_bias must be a dict of token id -> bias, got "
+                    f"{type(self.logit_bias).__name__}."
+                )
+            self.logit_bias = {
+                _check_int("logit_bias token id", token_id): _check_real("logit_bias", bias)
+                for token_id, bias in self.logit_bias.items()
+            }
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, (list, tuple)):
+                raise ValueError(
+                    "allowed_token_ids must be a list of integers, got "
+                    f"{type(self.allowed_token_ids).__name__}."
+                )
+            self.allowed_token_ids = [
+                _check_int("allowed_token_ids", t) for t in self.allowed_token_ids
+            ]
         self.max_tokens = _check_int("max_tokens", self.max_tokens, allow_none=True)
         self.min_tokens = _check_int("min_tokens", self.min_tokens)
         self.logprobs = _check_int("logprobs", self.logprobs, allow_none=True)
@@ -117,12 +161,22 @@ class SamplingParams:
 
     # mirrors vllm/sampling_params.py:452-550
     def _verify_args(self) -> None:
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}."
+            )
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
         if self.top_k < -1:
             raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
         if self.min_tokens < 0:
@@ -144,6 +198,14 @@ class SamplingParams:
             raise ValueError("stop cannot contain an empty string.")
         if self.logprobs is not None and self.logprobs != -1 and self.logprobs < 0:
             raise ValueError(f"logprobs must be non-negative or -1, got {self.logprobs}.")
+        if not all(isinstance(w, str) for w in self.bad_words):
+            raise ValueError(f"bad_words must contain only strings, got {self.bad_words}.")
+        if any(not bad_word for bad_word in self.bad_words):
+            raise ValueError(
+                f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}"
+            )
+        if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
+            raise ValueError("allowed_token_ids is not None and empty!")
         if self.seed is not None and not _SEED_MIN <= self.seed <= _SEED_MAX:
             raise ValueError(f"seed must be in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed}.")
 
@@ -161,6 +223,53 @@ class SamplingParams:
                 f"Requested sample logprobs of {num_logprobs}, "
                 f"which is greater than max allowed: {allowed}"
             )
+
+    def _validate_vocab(self, vocab_size: int) -> None:
+        """Token ids in ``logit_bias`` and ``allowed_token_ids`` within the vocabulary.
+
+        Upstream's ``_validate_logit_bias`` and ``_validate_allowed_token_ids``
+        (vllm/sampling_params.py:727, :754), run by the input processor.
+        """
+        if self.logit_bias:
+            invalid = [t for t in self.logit_bias if t < 0 or t >= vocab_size]
+            if invalid:
+                raise ValueError(
+                    f"token_id(s) {invalid} in logit_bias contain out-of-vocab token ids. "
+                    f"Vocabulary size: {vocab_size}"
+                )
+        if self.allowed_token_ids is not None:
+            if any(t < 0 or t >= vocab_size for t in self.allowed_token_ids):
+                raise ValueError("allowed_token_ids contains out-of-vocab token id!")
+
+    def update_from_tokenizer(self, tokenizer) -> None:
+        """Turn ``bad_words`` into token-id lists, as upstream (vllm/sampling_params.py:586).
+
+        Each word is encoded as written (leading spaces stripped) and, if that
+        gives a different first token of the same length, once more after a
+        space, so the word is banned at the start of the text and mid-text.
+        """
+        if not self.bad_words:
+            return
+        self._bad_words_token_ids = []
+        for bad_word in self.bad_words:
+            word = bad_word.lstrip()
+            plain = tokenizer.encode(word, add_special_tokens=False)
+            self._bad_words_token_ids.append(plain)
+            spaced = tokenizer.encode(" " + word, add_special_tokens=False)
+            if spaced[0] != plain[0] and len(spaced) == len(plain):
+                self._bad_words_token_ids.append(spaced)
+        max_token_id = max(max(tokenizer.get_vocab().values()), tokenizer.vocab_size)
+        invalid = [t for ids in self._bad_words_token_ids for t in ids if t < 0 or t > max_token_id]
+        if invalid:
+            raise ValueError(
+                f"The model vocabulary size is {max_token_id + 1}, but the following tokens "
+                f"were specified as bad: {invalid}. All token id values should be integers "
+                f"satisfying: 0 <= token_id <= {max_token_id}."
+            )
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]] | None:
+        return self._bad_words_token_ids
 
     # mirrors vllm/sampling_params.py:556-584
     def update_from_generation_config(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mini_vllm.sample.logits_processor import LogitsProcessors
 from mini_vllm.sample.metadata import SamplingMetadata
 from mini_vllm.sample.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
@@ -32,10 +33,20 @@ def _random_metadata(batch: int, temperature: float = 1.0) -> SamplingMetadata:
     return SamplingMetadata(
         temperature=torch.full((batch,), temperature),
         all_greedy=False,
+        all_random=True,
         top_k=None,
         top_p=None,
-        generators=[None] * batch,
+        generators={},
         max_num_logprobs=None,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(batch),
+        presence_penalties=torch.zeros(batch),
+        repetition_penalties=torch.ones(batch),
+        output_token_ids=[],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(),
         min_tokens_blocked={},
     )
 
@@ -104,15 +115,8 @@ def test_output_layout_and_parse_output():
     meta.target_logits_indices = torch.tensor([0, 1, 3, 4], dtype=torch.int32)
     meta.bonus_logits_indices = torch.tensor([2, 5, 6], dtype=torch.int32)
     logits[2, 5] = 9.0  # request 0's bonus row prefers token 5
-    greedy = SamplingMetadata(
-        temperature=torch.zeros(3),
-        all_greedy=True,
-        top_k=None,
-        top_p=None,
-        generators=[None] * 3,
-        max_num_logprobs=None,
-        min_tokens_blocked={},
-    )
+    greedy = _random_metadata(3, temperature=0.0)
+    greedy.all_greedy, greedy.all_random = True, False
     out = RejectionSampler(Sampler())(meta, None, logits, greedy).sampled_token_ids
     assert out.dtype == torch.int32 and out.shape == (3, 3)
     assert out.tolist() == [[0, 0, 5], [0, PLACEHOLDER_TOKEN_ID, PLACEHOLDER_TOKEN_ID], [0, -1, -1]]

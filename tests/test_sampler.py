@@ -14,25 +14,51 @@ import math
 import pytest
 import torch
 
+from mini_vllm.sample.logits_processor import LogitsProcessors
 from mini_vllm.sample.metadata import SamplingMetadata
-from mini_vllm.sample.sampler import Sampler, apply_top_k_top_p
+from mini_vllm.sample.ops.topk_topp_sampler import apply_top_k_top_p
+from mini_vllm.sample.sampler import Sampler
 
 NEG_INF = float("-inf")
 
 
 def make_metadata(
-    temperature, *, top_k=None, top_p=None, generators=None, logprobs=None, blocked=None
+    temperature,
+    *,
+    top_k=None,
+    top_p=None,
+    generators=None,
+    logprobs=None,
+    blocked=None,
+    vocab=None,
 ) -> SamplingMetadata:
-    """Metadata as the model runner builds it (gpu_model_runner._sampling_metadata)."""
+    """Metadata as the persistent batch builds it (InputBatch._make_sampling_metadata).
+
+    A top_k of 0 is stored as ``vocab`` ("off"), as the batch does; the
+    generators come as one per row (None: unseeded) and are kept by row.
+    """
     temperature = [float(t) for t in temperature]
     n = len(temperature)
+    if top_k is not None:
+        top_k = [vocab if k == 0 else k for k in top_k]
+    gens = {i: g for i, g in enumerate(generators or []) if g is not None}
     return SamplingMetadata(
         temperature=torch.tensor(temperature, dtype=torch.float32),
         all_greedy=all(t < 1e-5 for t in temperature),
+        all_random=all(t >= 1e-5 for t in temperature),
         top_k=None if top_k is None else torch.tensor(top_k, dtype=torch.int64),
         top_p=None if top_p is None else torch.tensor(top_p, dtype=torch.float32),
-        generators=list(generators) if generators is not None else [None] * n,
+        generators=gens,
         max_num_logprobs=logprobs,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(n),
+        presence_penalties=torch.zeros(n),
+        repetition_penalties=torch.ones(n),
+        output_token_ids=[],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(),
         min_tokens_blocked=dict(blocked or {}),
     )
 
@@ -112,6 +138,7 @@ def test_greedy_rows_stay_argmax_in_a_random_batch():
         md = make_metadata(
             [0.0, 1.0, 0.0, 1.5],
             top_k=[0, 5, 0, 0],
+            vocab=50,
             top_p=[1.0, 1.0, 1.0, 0.5],
             generators=[seeded(seed)] * 4,
         )
@@ -142,10 +169,10 @@ def test_temperature_towards_zero_is_greedy():
 # ----------------------------------------------------------- top-k / top-p
 
 
-def test_top_k_keeps_exactly_the_k_largest_and_zero_disables():
+def test_top_k_keeps_exactly_the_k_largest_and_vocab_disables():
     vocab = 30
-    logits = torch.randn(6, vocab, generator=seeded(2))  # distinct values
-    ks = [1, 3, 7, 0, vocab, vocab + 10]
+    logits = torch.randn(5, vocab, generator=seeded(2))  # distinct values
+    ks = [1, 3, 7, vocab - 1, vocab]  # the batch stores vocab_size for "off"
     out = apply_top_k_top_p(logits.clone(), torch.tensor(ks), None)
     for row, k in enumerate(ks):
         expected = ref_top_k(logits[row].tolist(), k)
@@ -215,10 +242,10 @@ def test_top_k_then_top_p_on_the_renormalised_top_k():
     #        reached by 4/7 alone. (On the raw probabilities it would keep
     #        two tokens: 0.4 < 0.5.) Upstream's order: top-k first.
     # Row 1: top_k only (top_p 1.0 is off in this row).
-    # Row 2: top_p only (top_k 0 is off in this row): 0.4+0.3 >= 0.65.
+    # Row 2: top_p only (top_k 4 = vocab is off in this row): 0.4+0.3 >= 0.65.
     # Row 3: both off.
     out = apply_top_k_top_p(
-        logits.clone(), torch.tensor([2, 3, 0, 0]), torch.tensor([0.5, 1.0, 0.65, 1.0])
+        logits.clone(), torch.tensor([2, 3, 4, 4]), torch.tensor([0.5, 1.0, 0.65, 1.0])
     )
     assert kept(out[0]) == {1}
     assert kept(out[1]) == {1, 3, 2}
@@ -230,7 +257,10 @@ def test_random_rows_never_draw_outside_top_k_top_p():
     vocab = 50
     logits = torch.randn(1, vocab, generator=seeded(5)).expand(400, vocab).clone()
     md = make_metadata(
-        [1.0] * 200 + [2.0] * 200, top_k=[4] * 200 + [0] * 200, top_p=[1.0] * 200 + [0.3] * 200
+        [1.0] * 200 + [2.0] * 200,
+        top_k=[4] * 200 + [0] * 200,
+        top_p=[1.0] * 200 + [0.3] * 200,
+        vocab=vocab,
     )
     torch.manual_seed(0)
     drawn = Sampler()(logits.clone(), md).sampled_token_ids
@@ -245,7 +275,7 @@ def test_random_rows_never_draw_outside_top_k_top_p():
 def test_min_tokens_masks_exactly_the_given_ids():
     logits = torch.randn(3, 20, generator=seeded(6))
     blocked = {0: [int(logits[0].argmax()), 7], 2: [3]}
-    out = Sampler.apply_min_tokens(logits.clone(), make_metadata([0.0] * 3, blocked=blocked))
+    out = Sampler.apply_logits_processors(logits.clone(), make_metadata([0.0] * 3, blocked=blocked))
     for row in range(3):
         masked = set((out[row] == NEG_INF).nonzero().flatten().tolist())
         assert masked == set(blocked.get(row, []))
@@ -381,7 +411,12 @@ def test_logprobs_sampled_first_then_top_n_with_rank():
     # blocked) and runs at temperature 0.5: logprobs stay those of the raw
     # logits, before masking and temperature.
     md = make_metadata(
-        [0.0, 0.5], top_k=[0, 1], logprobs=3, blocked={1: [0]}, generators=[None, seeded(0)]
+        [0.0, 0.5],
+        top_k=[0, 1],
+        logprobs=3,
+        blocked={1: [0]},
+        generators=[None, seeded(0)],
+        vocab=5,
     )
     out = Sampler()(logits.clone(), md)
     assert out.sampled_token_ids.tolist() == [1, 4]  # top_k=1 after blocking 0: token 4

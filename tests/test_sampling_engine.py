@@ -16,6 +16,7 @@ from hf_reference import hf_greedy
 from mini_vllm.engine.detokenizer import IncrementalDetokenizer
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+from mini_vllm.sample.logits_processor import LogitsProcessor, process_dict_updates
 from mini_vllm.sampling_params import SamplingParams
 
 VOCAB = 512  # the tiny model's
@@ -367,3 +368,188 @@ def test_incremental_detokenizer_on_non_ascii_text(smollm2):
             assert detok.update(ids[i : i + chunk]) is None  # no stop strings asked for
             pieces.append(detok.output_text[before:])
         assert "".join(pieces) == detok.output_text == decode(tok, ids) == text
+
+
+# ------------------------------------------- penalties, logit_bias, allowed ids
+
+
+@torch.no_grad()
+def greedy_by_definition(hf, prompt: list[int], n: int, adjust) -> list[int]:
+    """Greedy tokens when ``adjust(logits, output so far)`` edits each step's
+    transformers logits: the features' definitions, written out per step."""
+    output: list[int] = []
+    for _ in range(n):
+        logits = hf(torch.tensor([prompt + output])).logits[0, -1].float()  # [vocab]
+        output.append(int(adjust(logits.clone(), output).argmax()))
+    return output
+
+
+def _repetition(penalty: float, prompt: list[int]):
+    def adjust(logits, output):
+        seen = sorted(set(prompt) | set(output))
+        row = logits[seen]
+        logits[seen] = torch.where(row > 0, row / penalty, row * penalty)
+        return logits
+
+    return adjust
+
+
+def _frequency_presence(frequency: float, presence: float):
+    def adjust(logits, output):
+        for token in set(output):
+            logits[token] -= frequency * output.count(token) + presence
+        return logits
+
+    return adjust
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "adjust_of"),
+    [
+        ({"repetition_penalty": 2.0}, lambda prompt: _repetition(2.0, prompt)),
+        ({"frequency_penalty": 1.5}, lambda prompt: _frequency_presence(1.5, 0.0)),
+        ({"presence_penalty": 2.0}, lambda prompt: _frequency_presence(0.0, 2.0)),
+    ],
+    ids=["repetition", "frequency", "presence"],
+)
+def test_penalties_change_greedy_tokens_as_defined(llm, tiny_qwen3, kwargs, adjust_of):
+    """Greedy tokens with a penalty equal transformers' logits with the
+    penalty applied by its definition at every step (repetition: prompt and
+    output; frequency and presence: output only), and differ from the tokens
+    without it (the penalty matters on these prompts)."""
+    hf = tiny_qwen3[1]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    starts = prompts_of(3, seed=21, max_len=12)
+    # Each prompt ends with its own greedy continuation, so the tokens the
+    # model favours are in the prompt: whether a penalty reads it matters.
+    prompts = [s + o.token_ids for s, o in zip(starts, generate(llm, starts, greedy), strict=True)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, **kwargs)
+    outs = generate(llm, prompts, params)
+    plain = generate(llm, prompts, greedy)
+    for prompt, out in zip(prompts, outs, strict=True):
+        want = greedy_by_definition(hf, prompt, 12, adjust_of(prompt))
+        assert out.token_ids == want
+    assert any(o.token_ids != b.token_ids for o, b in zip(outs, plain, strict=True))
+
+
+def test_logit_bias_forces_and_bans_tokens(llm, tiny_qwen3):
+    hf = tiny_qwen3[1]
+    prompt = prompts_of(1, seed=22)[0]
+    plain = generate(llm, [prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    first = plain[0].token_ids[0]
+    forced = generate(
+        llm, [prompt], SamplingParams(temperature=0.0, max_tokens=8, logit_bias={77: 100.0})
+    )[0]
+    assert forced.token_ids == [77] * 8
+
+    def ban(logits, output):
+        logits[first] -= 100.0
+        return logits
+
+    banned = generate(
+        llm,
+        [prompt],
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logit_bias={first: -100.0}),
+    )[0]
+    assert banned.token_ids == greedy_by_definition(hf, prompt, 8, ban)
+    assert first not in banned.token_ids
+
+
+def test_allowed_token_ids_restrict_every_token(llm):
+    allowed = [5, 9, 200, 301]
+    outs = generate(
+        llm,
+        prompts_of(4, seed=23),
+        SamplingParams(temperature=1.0, seed=3, max_tokens=10, allowed_token_ids=allowed),
+    )
+    for out in outs:
+        assert set(out.token_ids) <= set(allowed)
+    assert len({t for out in outs for t in out.token_ids}) > 1
+
+
+def test_bad_words_need_a_tokenizer(llm):
+    with pytest.raises(ValueError, match="bad_words need a tokenizer"):
+        generate(llm, prompts_of(1), SamplingParams(bad_words=["x"]))
+
+
+class BanToken(LogitsProcessor):
+    """A custom processor: a request with ``extra_args={"ban": t}`` never gets token t."""
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        ban = (sampling_params.extra_args or {}).get("ban")
+        if ban is not None and (isinstance(ban, bool) or not isinstance(ban, int)):
+            raise ValueError(f"ban must be a token id, got {ban!r}.")
+
+    def __init__(self, vllm_config, device, is_pin_memory):
+        self.bans: dict[int, int] = {}  # row -> banned token
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update) -> None:
+        process_dict_updates(
+            self.bans, batch_update, lambda params, _, __: (params.extra_args or {}).get("ban")
+        )
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for row, token in self.bans.items():
+            logits[row, token] = float("-inf")
+        return logits
+
+
+def test_custom_logits_processor_follows_its_rows(tiny_qwen3):
+    """Requests of different lengths in one batch: rows finish, the batch
+    condenses, and the processor's per-row state must move with its request.
+    Banned rows equal transformers' greedy tokens with the token masked;
+    the others equal plain greedy."""
+    hf = tiny_qwen3[1]
+    llm = LLM(
+        tiny_qwen3[0],
+        max_model_len=128,
+        kv_cache_memory_bytes=16 << 20,
+        logits_processors=[BanToken],
+    )
+    prompts = prompts_of(6, seed=24, max_len=10)
+    lengths = [3, 12, 5, 12, 2, 9]
+    plain = [
+        generate(llm, [p], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))[0]
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+    bans = {i: plain[i].token_ids[0] for i in (1, 2, 5)}
+    params = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=n,
+            ignore_eos=True,
+            extra_args={"ban": bans[i]} if i in bans else None,
+        )
+        for i, n in enumerate(lengths)
+    ]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+        tokens = out.outputs[0].token_ids
+        if i not in bans:
+            assert tokens == plain[i].token_ids, i
+            continue
+
+        def ban(logits, output, token=bans[i]):
+            logits[token] = float("-inf")
+            return logits
+
+        assert tokens == greedy_by_definition(hf, prompt, lengths[i], ban), i
+        assert bans[i] not in tokens
+    with pytest.raises(ValueError, match="ban must be a token id"):
+        generate(llm, prompts[:1], SamplingParams(extra_args={"ban": "x"}))
+
+
+def test_bad_words_keep_a_word_out_of_smollm2_output(smollm2):
+    """The first word of the greedy output, banned, never appears in its token ids."""
+    prompt = "The capital of France is"
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    plain = smollm2.generate([prompt], greedy, use_tqdm=False)[0].outputs[0]
+    word = decode(smollm2.get_tokenizer(), plain.token_ids[:1])
+    params = SamplingParams(temperature=0.0, max_tokens=8, bad_words=[word])
+    out = smollm2.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    assert plain.token_ids[0] not in out.token_ids
+    assert out.token_ids != plain.token_ids

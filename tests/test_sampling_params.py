@@ -9,6 +9,8 @@ Rules checked:
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mini_vllm.sampling_params import SamplingParams
@@ -33,6 +35,22 @@ BAD_VALUES = [
     ({"stop_token_ids": ["eos"]}, "stop_token_ids"),
     ({"logprobs": -2}, "logprobs"),
     ({"seed": "42"}, "seed"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"presence_penalty": -2.01}, "presence_penalty"),
+    ({"frequency_penalty": -3.0}, "frequency_penalty"),
+    ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"repetition_penalty": -1.0}, "repetition_penalty"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"min_p": -0.1}, "min_p"),
+    ({"logit_bias": {"a": 1.0}}, "logit_bias"),
+    ({"logit_bias": {3: "x"}}, "logit_bias"),
+    ({"logit_bias": [1, 2]}, "logit_bias"),
+    ({"allowed_token_ids": []}, "allowed_token_ids"),
+    ({"allowed_token_ids": [1, 2.5]}, "allowed_token_ids"),
+    ({"bad_words": [""]}, "bad_words"),
+    ({"bad_words": "word"}, "bad_words"),
+    ({"bad_words": [3]}, "bad_words"),
 ]
 
 
@@ -68,6 +86,15 @@ def test_validation_happens_before_greedy_reset():
         {"logprobs": -1},
         {"logprobs": 0},
         {"seed": 0},
+        {"presence_penalty": 2.0},
+        {"presence_penalty": -2.0},
+        {"frequency_penalty": 2.0},
+        {"repetition_penalty": 1e-3},
+        {"min_p": 0.0},
+        {"min_p": 1.0},
+        {"logit_bias": {3: -100.0}},
+        {"allowed_token_ids": [0]},
+        {"bad_words": ["x y"]},
     ],
     ids=str,
 )
@@ -168,3 +195,28 @@ def test_ignore_eos_does_not_add_extra_eos_ids_as_stop_tokens():
     p.update_from_generation_config({"eos_token_id": 3}, eos_token_id=2)
     assert p.stop_token_ids == [9]
     assert p.all_stop_token_ids == {2, 3, 9}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"logit_bias": {5: 1.0, -1: 2.0}}, "token_id(s) [-1] in logit_bias"),
+        ({"logit_bias": {10: 1.0}}, "token_id(s) [10] in logit_bias"),
+        ({"allowed_token_ids": [0, 10]}, "allowed_token_ids contains out-of-vocab"),
+    ],
+)
+def test_token_ids_outside_the_vocabulary_are_refused(kwargs, message):
+    """logit_bias and allowed_token_ids are checked against the model's vocabulary (10 here)."""
+    params = SamplingParams(**kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        params._validate_vocab(10)
+
+
+def test_token_ids_inside_the_vocabulary_pass():
+    SamplingParams(logit_bias={9: 1.0}, allowed_token_ids=[0, 9])._validate_vocab(10)
+
+
+def test_greedy_resets_min_p():
+    """As upstream: greedy sampling resets min_p with top_p and top_k."""
+    assert SamplingParams(temperature=0.0, min_p=0.3).min_p == 0.0
+    assert SamplingParams(temperature=0.5, min_p=0.3).min_p == 0.3

@@ -278,8 +278,10 @@ def test_errors_are_openai_shaped_and_the_server_keeps_serving(client, server, l
     too_long = list(range(5, 5 + ENGINE_ARGS["max_model_len"]))
     assert_openai_error(httpx.post(url, json={"model": MODEL_NAME, "prompt": too_long}), 400)
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=MODEL_NAME, prompt="x", presence_penalty=0.5)
-    assert e.value.body["param"] == "presence_penalty"
+        client.completions.create(
+            model=MODEL_NAME, prompt="x", extra_body={"use_beam_search": True}
+        )
+    assert e.value.body["param"] == "use_beam_search"
     assert_openai_error(
         httpx.post(url, json={"model": MODEL_NAME, "prompt": "x", "temperature": -1}), 400
     )

@@ -24,7 +24,11 @@ import torch  # noqa: F401 (a lab region uses it)
 from labs.phase_05.gpu_input_batch import CachedRequestState
 from mini_vllm.core.sched.output import SchedulerOutput
 from mini_vllm.worker import gpu_model_runner as _reference
-from mini_vllm.worker.gpu_model_runner import PreparedInputs, reorder_threshold_of  # noqa: F401
+from mini_vllm.worker.gpu_model_runner import (  # noqa: F401
+    PreparedInputs,
+    build_logitsprocs,
+    reorder_threshold_of,
+)
 
 
 class GPUModelRunner(_reference.GPUModelRunner):

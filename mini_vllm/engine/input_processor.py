@@ -4,7 +4,7 @@ Mirrors upstream ``vllm/v1/engine/input_processor.py`` (``InputProcessor``
 :36, ``process_inputs`` :234; parameter checks in ``_validate_params`` :81,
 prompt checks in ``_validate_prompt_len`` :379 and ``_validate_model_input``
 :426) at v0.22.1. Left out: multimodal inputs, LoRA, pooling, prompt
-embeddings, tokenizer-side bad-word handling.
+embeddings.
 
 What it does for each request, in upstream's order: check the sampling
 parameters against the model (no more than ``max_logprobs`` logprobs);
@@ -14,7 +14,9 @@ copy the sampling parameters (the caller's object is never changed), fill
 ``max_tokens`` when unset (max_model_len - prompt length, as upstream), and
 record the model's EOS token; attach the block hasher for prefix caching;
 refuse stop strings when the model has no tokenizer (upstream refuses them
-without detokenization, vllm/sampling_params.py:540).
+without detokenization, vllm/sampling_params.py:540); check that
+``logit_bias`` and ``allowed_token_ids`` name tokens of the vocabulary and
+turn ``bad_words`` into token ids with the tokenizer (bad words need one).
 
 A ``max_tokens`` that reaches past max_model_len is accepted, as upstream:
 the scheduler ends the request at max_model_len (finish reason "length").
@@ -47,8 +49,10 @@ class InputProcessor:
         *,
         vocab_size: int,
         max_logprobs: int = 20,
+        logits_processors: list[type] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.logits_processors = list(logits_processors or ())
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.max_logprobs = max_logprobs
@@ -123,6 +127,11 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, but got {type(params).__name__}")
         params._validate_logprobs(self.max_logprobs, self.vocab_size)
+        params._validate_vocab(self.vocab_size)
+        for processor_cls in self.logits_processors:
+            # upstream's validate_logits_processors_parameters
+            # (vllm/v1/sample/logits_processor/__init__.py:223)
+            processor_cls.validate_params(params)
         if params.stop and self.tokenizer is None:
             # Upstream: "stop strings are only supported when detokenize is True".
             raise ValueError(
@@ -132,6 +141,12 @@ class InputProcessor:
         self._validate_model_input(request_id, token_ids)
         token_ids = [int(t) for t in token_ids]
         params = copy.deepcopy(params)
+        if params.bad_words:
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"Request {request_id!r}: bad_words need a tokenizer, and this model has none."
+                )
+            params.update_from_tokenizer(self.tokenizer)
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(token_ids)
         params.update_from_generation_config(self.generation_config, self.eos_token_id)

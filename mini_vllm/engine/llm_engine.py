@@ -99,6 +99,7 @@ class LLMEngine:
             eos,
             vocab_size=self.hf_config.vocab_size,
             max_logprobs=model_config.max_logprobs,
+            logits_processors=model_config.logits_processors,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.prefix_cache_stats = PrefixCacheStats()

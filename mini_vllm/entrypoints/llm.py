@@ -77,6 +77,7 @@ class LLM:
         attention_backend: str = "auto",
         seed: int = 0,
         max_logprobs: int = 20,
+        logits_processors: list[type] | None = None,
     ) -> None:
         from mini_vllm.model_executor.model_loader import load_model
 
@@ -105,6 +106,7 @@ class LLM:
                 dtype=dtype,
                 seed=seed,
                 max_logprobs=max_logprobs,
+                logits_processors=logits_processors,
             ),
             cache_config=CacheConfig(
                 block_size=block_size,

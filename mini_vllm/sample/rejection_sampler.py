@@ -43,7 +43,8 @@ from collections.abc import Sequence
 import torch
 
 from mini_vllm.sample.metadata import SamplingMetadata
-from mini_vllm.sample.sampler import Sampler, SamplerOutput, apply_top_k_top_p
+from mini_vllm.sample.ops.topk_topp_sampler import apply_top_k_top_p
+from mini_vllm.sample.sampler import Sampler, SamplerOutput
 from mini_vllm.spec_decode.metadata import SpecDecodeMetadata
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -110,8 +111,8 @@ def apply_sampling_constraints(
 ) -> torch.Tensor:
     """Temperature, top-k and top-p of each request on each of its target
     rows (greedy requests divide by 1). All-greedy batches: unchanged."""
-    if sampling_metadata.all_greedy:
-        return logits
+    if sampling_metadata.all_greedy or logits.shape[0] == 0:
+        return logits  # nothing to filter (no drafts: top-k would read an empty batch)
     repeats = torch.tensor(num_draft_tokens)  # [batch]
     temperature = sampling_metadata.temperature.float()  # [batch]
     temperature = torch.where(temperature == GREEDY_TEMPERATURE, 1.0, temperature)
@@ -229,7 +230,7 @@ def _write_row(
 def generate_uniform_probs(
     num_tokens: int,
     num_draft_tokens: list[int],  # [batch]
-    generators: list[torch.Generator | None],  # [batch]
+    generators: dict[int, torch.Generator],  # row -> generator, seeded rows only
     device: torch.device,
 ) -> torch.Tensor:
     """One uniform draw per draft, float64 (float32 draws hit exactly 0.0 too
@@ -241,7 +242,7 @@ def generate_uniform_probs(
     for req, n in enumerate(num_draft_tokens):
         if n == 0:
             continue
-        if generators[req] is not None:
+        if req in generators:
             uniform_probs[start : start + n].uniform_(generator=generators[req])
         start += n
     return uniform_probs
@@ -261,8 +262,8 @@ def sample_recovered_tokens(
     # The exponentials (upstream names them q; here q is the draft's distribution).
     noise = torch.empty((batch_size, vocab_size), dtype=torch.float32, device=target_probs.device)
     noise.exponential_()  # [batch, vocab]
-    for req, generator in enumerate(sampling_metadata.generators):
-        if generator is not None and num_draft_tokens[req] > 0:
+    for req, generator in sampling_metadata.generators.items():
+        if num_draft_tokens[req] > 0:
             noise[req].exponential_(generator=generator)
     inv_noise = noise.reciprocal()  # [batch, vocab]
 

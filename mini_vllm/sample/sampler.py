@@ -1,17 +1,29 @@
-"""From logits to one token per request: greedy, temperature, top-k, top-p.
+"""From logits to one token per request, in upstream's order.
 
-Mirrors upstream ``vllm/v1/sample/sampler.py`` (``Sampler`` :20) and
-``apply_top_k_top_p`` (ops/topk_topp_sampler.py:311) at v0.22.1. Left out:
-penalties, logit bias, bad words, FlashInfer kernels, spec decode.
+Mirrors upstream ``vllm/v1/sample/sampler.py`` (``Sampler`` :20,
+``Sampler.forward`` :67, ``Sampler.sample`` :238,
+``Sampler.apply_logits_processors`` :366) at v0.22.1, with the pieces in
+``mini_vllm/sample/ops/`` and ``mini_vllm/sample/logits_processor/``.
 
-Order, as upstream: logprobs (if asked) from the *raw* logits; then the
-min_tokens rule (stop tokens masked until enough tokens exist); then greedy
-rows take the argmax, and random rows divide by temperature, keep the top k,
-keep the smallest set of tokens whose probability reaches top_p, and draw.
+The order, as upstream:
+1. logprobs (if some row asked) from the *raw* logits (logprobs mode
+   ``raw_logprobs``, upstream's default);
+2. ``apply_logits_processors``: allowed_token_ids, bad words, then the
+   processors that can change a greedy pick (min_tokens, logit_bias, then
+   custom ones), then the repetition / frequency / presence penalties;
+3. ``sample``: greedy rows take the argmax of those logits; if some row
+   samples at random, every row is divided by its temperature (greedy rows
+   by 1), the argmax-invariant processors run (min_p), then top-k / top-p
+   and the exponential-race draw (a seeded row draws from its own
+   generator, so its tokens do not depend on the rest of the batch).
 
-Drawing uses the "exponential race": argmax(p / E) with E ~ Exp(1) picks a
-token with probability p. A seeded request draws its E from its own
-generator, so its tokens do not depend on what else is in the batch.
+Differences (see UPSTREAM_PIN.md): the logits are copied to float32 first,
+so the caller's tensor is never written (upstream processes its float32
+logits in place); min_tokens is applied from the batch's
+``min_tokens_blocked`` at the place upstream's ``MinTokensLogitsProcessor``
+runs (first of the non-argmax-invariant processors). Left out: other
+logprobs modes, ``logprob_token_ids``, spec-decode bonus tokens, the
+thinking budget.
 """
 
 from __future__ import annotations
@@ -22,6 +34,12 @@ import torch
 from torch import nn
 
 from mini_vllm.sample.metadata import SamplingMetadata
+from mini_vllm.sample.ops.allowed_token_ids import apply_allowed_token_ids
+from mini_vllm.sample.ops.bad_words import apply_bad_words
+from mini_vllm.sample.ops.penalties import apply_all_penalties
+from mini_vllm.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+_SAMPLING_EPS = 1e-5
 
 
 @dataclass
@@ -35,45 +53,60 @@ class SamplerOutput:
 class Sampler(nn.Module):
     """An ``nn.Module`` as upstream's (vllm/v1/sample/sampler.py:20): call it to sample."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.topk_topp_sampler = TopKTopPSampler("raw_logprobs")
+
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        logits = logits.float()
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
-            raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self.apply_min_tokens(logits, metadata)
-        sampled = self.sample(logits, metadata)
+            raw_logprobs = torch.log_softmax(logits.float(), dim=-1)  # float32 [B, V]
+        # A copy: every step below writes in place.
+        logits = logits.to(torch.float32, copy=True)  # float32 [B, V]
+        logits = self.apply_logits_processors(logits, metadata)
+        sampled = self.sample(logits, metadata)  # int64 [B]
         logprobs = None
         if raw_logprobs is not None:
             logprobs = self.gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
 
     @staticmethod
-    def apply_min_tokens(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        if metadata.min_tokens_blocked:
-            logits = logits.clone()  # never write into the caller's tensor
+    def apply_logits_processors(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Everything that applies to greedy and random rows alike, in place."""
+        apply_allowed_token_ids(logits, metadata.allowed_token_ids_mask)
+        if metadata.bad_words_token_ids:
+            apply_bad_words(logits, metadata.bad_words_token_ids, metadata.output_token_ids)
         for row, token_ids in metadata.min_tokens_blocked.items():
             logits[row, token_ids] = float("-inf")
+        for processor in metadata.logitsprocs.non_argmax_invariant:
+            logits = processor.apply(logits)
+        if not metadata.no_penalties:
+            logits = apply_all_penalties(
+                logits,
+                metadata.prompt_token_ids,
+                metadata.presence_penalties,
+                metadata.frequency_penalties,
+                metadata.repetition_penalties,
+                metadata.output_token_ids,
+            )
         return logits
 
     def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        greedy = logits.argmax(dim=-1)
+        greedy = None if metadata.all_random else logits.argmax(dim=-1).view(-1)  # int64 [B]
         if metadata.all_greedy:
             return greedy
-        temperature = metadata.temperature.clamp(min=1e-5).unsqueeze(1)
-        scaled = logits / temperature
-        scaled = apply_top_k_top_p(scaled, metadata.top_k, metadata.top_p)
-        probs = torch.softmax(scaled, dim=-1)
-        random = self.random_sample(probs, metadata.generators)
-        return torch.where(metadata.temperature < 1e-5, greedy, random)
-
-    @staticmethod
-    def random_sample(
-        probs: torch.Tensor, generators: list[torch.Generator | None]
-    ) -> torch.Tensor:
-        noise = torch.empty_like(probs)
-        for row, gen in enumerate(generators):
-            noise[row].exponential_(generator=gen)
-        return probs.div(noise).argmax(dim=-1)
+        temperature = metadata.temperature
+        if not metadata.all_random:
+            temperature = torch.where(temperature < _SAMPLING_EPS, 1.0, temperature)  # [B]
+        logits = logits.div_(temperature.unsqueeze(1))  # float32 [B, V]
+        for processor in metadata.logitsprocs.argmax_invariant:
+            logits = processor.apply(logits)
+        random, _ = self.topk_topp_sampler(
+            logits, metadata.generators, metadata.top_k, metadata.top_p
+        )
+        if greedy is None:
+            return random
+        return torch.where(metadata.temperature < _SAMPLING_EPS, greedy, random)
 
     @staticmethod
     def gather_logprobs(logprobs: torch.Tensor, num: int, sampled: torch.Tensor):
@@ -90,32 +123,3 @@ class Sampler(nn.Module):
                 vals += top_vals[row].tolist()
             result.append((ids, vals, int(ranks[row])))
         return result
-
-
-def apply_top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
-) -> torch.Tensor:
-    """Set to -inf every logit outside the top k and outside the top-p nucleus.
-
-    top_k 0 and top_p 1.0 switch a row's filter off. The nucleus is the
-    smallest set of most likely tokens whose probabilities sum to >= top_p
-    (the most likely token always survives).
-    """
-    if top_k is None and top_p is None:
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
-    vocab = logits.shape[-1]
-    if top_k is not None:
-        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).clamp(max=vocab)
-        # Ascending order: the k-th largest sits at index vocab - k.
-        threshold = sorted_logits.gather(1, (vocab - k).unsqueeze(1))
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < threshold, float("-inf"))
-    if top_p is not None:
-        probs = sorted_logits.softmax(dim=-1)
-        cumulative = probs.cumsum(dim=-1)
-        # Drop tokens whose cumulative mass (from the least likely up) stays
-        # within 1 - top_p; the top token is never dropped.
-        drop = cumulative <= (1 - top_p).unsqueeze(1)
-        drop[:, -1] = False
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)

@@ -26,8 +26,11 @@ Invariants:
 ``CachedRequestState`` (upstream :34) is the model runner's copy of one
 request: the batch reads it in ``add_request``, and keeps a reference to its
 ``output_token_ids`` list, which the runner extends. What is left out
-(penalties, logits processors, speculative decoding, LoRA, pooling, prompt
-embeddings, ...) is listed in UPSTREAM_PIN.md.
+(per-token logprob requests, the thinking budget, speculative decoding,
+LoRA, pooling, prompt embeddings, ...) is listed in UPSTREAM_PIN.md. The
+sampling parameters of Phase 06 (penalties, allowed token ids, bad words)
+live outside the Lab 05.1 regions; the logits processors hear of every
+added, removed and moved row through ``batch_update_builder``.
 """
 
 from __future__ import annotations
@@ -36,8 +39,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mini_vllm.sample.logits_processor.state import BatchUpdateBuilder
+from mini_vllm.sample.logits_processor import (
+    BatchUpdateBuilder,
+    LogitsProcessors,
+    MoveDirectionality,
+)
 from mini_vllm.sample.metadata import SamplingMetadata
+from mini_vllm.sample.ops.allowed_token_ids import allowed_token_ids_mask
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.utils import copy_slice
 from mini_vllm.worker.block_table import MultiGroupBlockTable
@@ -73,6 +81,7 @@ class InputBatch:
         pin_memory: bool,
         vocab_size: int,
         block_sizes: list[int],
+        logitsprocs: LogitsProcessors | None = None,
     ) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
@@ -146,6 +155,34 @@ class InputBatch:
         # runner's CachedRequestState extends).
         self.req_output_token_ids: list[list[int] | None] = []
 
+        # Penalties, as the other per-row parameters; 0 (1 for repetition) is "off".
+        self.frequency_penalties = torch.empty(max_num_reqs, dtype=torch.float32, device=device)
+        self.frequency_penalties_cpu_tensor = torch.empty(
+            max_num_reqs, dtype=torch.float32, pin_memory=pin_memory
+        )
+        self.frequency_penalties_cpu = self.frequency_penalties_cpu_tensor.numpy()
+        self.frequency_penalties_reqs: set[str] = set()
+        self.presence_penalties = torch.empty(max_num_reqs, dtype=torch.float32, device=device)
+        self.presence_penalties_cpu_tensor = torch.empty(
+            max_num_reqs, dtype=torch.float32, pin_memory=pin_memory
+        )
+        self.presence_penalties_cpu = self.presence_penalties_cpu_tensor.numpy()
+        self.presence_penalties_reqs: set[str] = set()
+        self.repetition_penalties = torch.empty(max_num_reqs, dtype=torch.float32, device=device)
+        self.repetition_penalties_cpu_tensor = torch.empty(
+            max_num_reqs, dtype=torch.float32, pin_memory=pin_memory
+        )
+        self.repetition_penalties_cpu = self.repetition_penalties_cpu_tensor.numpy()
+        self.repetition_penalties_reqs: set[str] = set()
+        # Request id -> its allowed token ids / its bad words as token-id lists.
+        # Upstream keeps a mask row and a dict by row; mini keys them by request
+        # so that nothing of theirs moves with the rows (see UPSTREAM_PIN.md).
+        self.allowed_token_ids: dict[str, list[int]] = {}
+        self.bad_words_token_ids: dict[str, list[list[int]]] = {}
+
+        # The logits processors (min_p, logit_bias, custom ones), fed the
+        # step's BatchUpdate by refresh_metadata.
+        self.logitsprocs = logitsprocs or LogitsProcessors()
         self.batch_update_builder = BatchUpdateBuilder()
         # The numpy arrays with one value per row: swap_states and condense move them all.
         self.per_row_arrays = (
@@ -155,6 +192,9 @@ class InputBatch:
             self.temperature_cpu,
             self.top_p_cpu,
             self.top_k_cpu,
+            self.frequency_penalties_cpu,
+            self.presence_penalties_cpu,
+            self.repetition_penalties_cpu,
         )
         self.sampling_metadata = self._make_sampling_metadata()
 
@@ -177,6 +217,18 @@ class InputBatch:
     @property
     def no_top_k(self) -> bool:
         return not self.top_k_reqs
+
+    @property
+    def all_random(self) -> bool:
+        return not self.greedy_reqs
+
+    @property
+    def no_penalties(self) -> bool:
+        return not (
+            self.presence_penalties_reqs
+            or self.frequency_penalties_reqs
+            or self.repetition_penalties_reqs
+        )
 
     @property
     def max_num_logprobs(self) -> int | None:
@@ -256,7 +308,33 @@ class InputBatch:
                 params.all_stop_token_ids,
             )
         # END LAB 05.1
+        self._add_penalties_and_masks(request, req_index)
+        self.batch_update_builder.added.append(
+            (
+                req_index,
+                request.sampling_params,
+                request.prompt_token_ids,
+                request.output_token_ids,
+            )
+        )
         return req_index
+
+    def _add_penalties_and_masks(self, request: CachedRequestState, req_index: int) -> None:
+        """The row's penalties, allowed token ids and bad words, as upstream's add_request."""
+        req_id, params = request.req_id, request.sampling_params
+        self.frequency_penalties_cpu[req_index] = params.frequency_penalty
+        if params.frequency_penalty != 0.0:
+            self.frequency_penalties_reqs.add(req_id)
+        self.presence_penalties_cpu[req_index] = params.presence_penalty
+        if params.presence_penalty != 0.0:
+            self.presence_penalties_reqs.add(req_id)
+        self.repetition_penalties_cpu[req_index] = params.repetition_penalty
+        if params.repetition_penalty != 1.0:
+            self.repetition_penalties_reqs.add(req_id)
+        if params.allowed_token_ids:
+            self.allowed_token_ids[req_id] = params.allowed_token_ids
+        if params.bad_words_token_ids:
+            self.bad_words_token_ids[req_id] = params.bad_words_token_ids
 
     def remove_request(self, req_id: str) -> int | None:
         """Leave a hole where ``req_id`` was; return its row (None if absent).
@@ -286,6 +364,14 @@ class InputBatch:
         self.num_logprobs.pop(req_id, None)
         self.min_tokens.pop(req_index, None)
         # END LAB 05.1
+        for reqs in (
+            self.frequency_penalties_reqs,
+            self.presence_penalties_reqs,
+            self.repetition_penalties_reqs,
+        ):
+            reqs.discard(req_id)
+        self.allowed_token_ids.pop(req_id, None)
+        self.bad_words_token_ids.pop(req_id, None)
         return req_index
 
     # ------------------------------------------------------- moving rows
@@ -313,6 +399,7 @@ class InputBatch:
                 by_row[i2] = v1
             if v2 is not None:
                 by_row[i1] = v2
+        self.batch_update_builder.moved.append((i1, i2, MoveDirectionality.SWAP))
         self.batch_update_builder.batch_changed = True
 
     def condense(self) -> None:
@@ -353,6 +440,8 @@ class InputBatch:
         # HINT: the tokens in use (num_tokens_no_spec of them), every array of
         # HINT: self.per_row_arrays, the block table row (block_table.move_row) and the
         # HINT: generators and min_tokens entries, which are keyed by row. src becomes a hole.
+        # HINT: The logits processors hear of the move: append (src, tgt,
+        # HINT: MoveDirectionality.UNIDIRECTIONAL) to self.batch_update_builder.moved.
         req_id = self._req_ids[src]
         self._req_ids[tgt], self._req_ids[src] = req_id, None
         out = self.req_output_token_ids
@@ -367,6 +456,7 @@ class InputBatch:
             value = by_row.pop(src, None)
             if value is not None:
                 by_row[tgt] = value
+        self.batch_update_builder.moved.append((src, tgt, MoveDirectionality.UNIDIRECTIONAL))
 
     # END LAB 05.1
 
@@ -377,9 +467,14 @@ class InputBatch:
 
         The min_tokens rows are re-checked every step, as upstream's
         MinTokensLogitsProcessor does, since outputs grow without the batch
-        changing.
+        changing. The logits processors hear of every added, removed and
+        moved row through one ``BatchUpdate`` (None if nothing changed).
         """
-        batch_changed = self.batch_update_builder.reset()
+        batch_changed = self.batch_update_builder.batch_changed
+        batch_update = self.batch_update_builder.get_and_reset(self.num_reqs)
+        batch_changed = batch_changed or batch_update is not None
+        for processor in self.logitsprocs.all:
+            processor.update_state(batch_update)
         reached = [i for i, (n, out, _) in self.min_tokens.items() if len(out) >= n]
         for index in reached:
             del self.min_tokens[index]
@@ -398,12 +493,42 @@ class InputBatch:
             copy_slice(self.top_p_cpu_tensor, self.top_p, num_reqs)
         if not self.no_top_k:
             copy_slice(self.top_k_cpu_tensor, self.top_k, num_reqs)
+        prompt_token_ids = None
+        if not self.no_penalties:
+            copy_slice(self.frequency_penalties_cpu_tensor, self.frequency_penalties, num_reqs)
+            copy_slice(self.presence_penalties_cpu_tensor, self.presence_penalties, num_reqs)
+            copy_slice(self.repetition_penalties_cpu_tensor, self.repetition_penalties, num_reqs)
+            prompt_token_ids = self._make_prompt_token_ids_cpu_tensor().to(self.device)
+        rows = self.req_id_to_index
+        bad_words = {rows[r]: words for r, words in self.bad_words_token_ids.items()}
+        allowed = {rows[r]: ids for r, ids in self.allowed_token_ids.items()}
+        mask = allowed_token_ids_mask(allowed, num_reqs, self.vocab_size)  # bool [B, V] or None
+        needs_output_token_ids = not self.no_penalties or bool(bad_words)
         return SamplingMetadata(
             temperature=temperature,  # float32 [num_reqs]
             all_greedy=self.all_greedy,
-            top_k=None if self.no_top_k else self.top_k[:num_reqs],  # int64 [num_reqs]
+            all_random=self.all_random,
             top_p=None if self.no_top_p else self.top_p[:num_reqs],  # float32 [num_reqs]
-            generators=[self.generators.get(i) for i in range(num_reqs)],
+            top_k=None if self.no_top_k else self.top_k[:num_reqs],  # int64 [num_reqs]
+            generators=self.generators,
             max_num_logprobs=self.max_num_logprobs,
+            no_penalties=self.no_penalties,
+            prompt_token_ids=prompt_token_ids,
+            frequency_penalties=self.frequency_penalties[:num_reqs],
+            presence_penalties=self.presence_penalties[:num_reqs],
+            repetition_penalties=self.repetition_penalties[:num_reqs],
+            output_token_ids=self.req_output_token_ids if needs_output_token_ids else [],
+            allowed_token_ids_mask=None if mask is None else mask.to(self.device),
+            bad_words_token_ids=bad_words,
+            logitsprocs=self.logitsprocs,
             min_tokens_blocked=self._min_tokens_blocked(),
         )
+
+    def _make_prompt_token_ids_cpu_tensor(self) -> torch.Tensor:
+        """int64 [num_reqs, longest prompt]: each row's prompt, padded with vocab_size."""
+        num_reqs = self.num_reqs
+        width = int(self.num_prompt_tokens[:num_reqs].max())
+        prompt = torch.from_numpy(self.token_ids_cpu[:num_reqs, :width]).long()  # [B, width]
+        lengths = torch.from_numpy(self.num_prompt_tokens[:num_reqs]).long()  # [B]
+        padding = torch.arange(width).unsqueeze(0) >= lengths.unsqueeze(1)  # bool [B, width]
+        return prompt.masked_fill(padding, self.vocab_size)

@@ -47,6 +47,11 @@ from mini_vllm.config import VllmConfig
 from mini_vllm.core.sched.output import SchedulerOutput
 from mini_vllm.forward_context import set_forward_context
 from mini_vllm.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from mini_vllm.sample.logits_processor import (
+    LogitBiasLogitsProcessor,
+    LogitsProcessors,
+    MinPLogitsProcessor,
+)
 from mini_vllm.sample.sampler import Sampler, SamplerOutput
 from mini_vllm.utils import CpuGpuBuffer
 from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
@@ -96,6 +101,7 @@ class GPUModelRunner:
             pin_memory=False,
             vocab_size=self.vocab_size,
             block_sizes=[self.block_size],
+            logitsprocs=build_logitsprocs(vllm_config, self.device),
         )
         self.sampler = Sampler()
 
@@ -394,3 +400,14 @@ class GPUModelRunner:
             sampled_token_ids=sampled,
             logprobs=logprobs,
         )
+
+
+def build_logitsprocs(vllm_config: VllmConfig, device: torch.device) -> LogitsProcessors:
+    """The batch's logits processors, as upstream's ``build_logitsprocs``
+    (vllm/v1/sample/logits_processor/__init__.py:184): the built-ins, then
+    the custom ones (``LLM(..., logits_processors=[cls, ...])``). min_tokens
+    is not among them: mini's batch keeps it (Lab 05.1) and the sampler
+    applies it where upstream's processor runs."""
+    custom = vllm_config.model_config.logits_processors or []
+    classes = [LogitBiasLogitsProcessor, MinPLogitsProcessor, *custom]
+    return LogitsProcessors(cls(vllm_config, device, False) for cls in classes)

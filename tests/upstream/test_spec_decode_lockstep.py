@@ -29,6 +29,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from mini_vllm.sample.logits_processor import LogitsProcessors
 from mini_vllm.sample.metadata import SamplingMetadata
 from mini_vllm.sample.rejection_sampler import (
     RejectionSampler,
@@ -204,13 +205,26 @@ def rejection_cases(draw, mode: str):
 
 def _mini_metadata(temperature, seeds) -> SamplingMetadata:
     temp = torch.tensor(temperature, dtype=torch.float32)  # [batch]
+    batch = len(temperature)
     return SamplingMetadata(
         temperature=temp,
         all_greedy=all(t == 0 for t in temperature),
+        all_random=all(t != 0 for t in temperature),
         top_k=None,
         top_p=None,
-        generators=[None if s is None else torch.Generator().manual_seed(s) for s in seeds],
+        generators={
+            i: torch.Generator().manual_seed(s) for i, s in enumerate(seeds) if s is not None
+        },
         max_num_logprobs=None,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(batch),
+        presence_penalties=torch.zeros(batch),
+        repetition_penalties=torch.ones(batch),
+        output_token_ids=[],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(),
         min_tokens_blocked={},
     )
 

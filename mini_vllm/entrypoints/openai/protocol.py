@@ -109,25 +109,20 @@ class _SamplingRequest(OpenAIBaseModel):
     ignore_eos: bool = False
     min_tokens: int = 0
     user: str | None = None
-    # Accepted at these defaults only (UNSUPPORTED).
+    # Passed on to SamplingParams (Phase 06).
     frequency_penalty: float | None = 0.0
     presence_penalty: float | None = 0.0
     repetition_penalty: float | None = None
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
+    # Accepted at these defaults only (UNSUPPORTED).
     use_beam_search: bool = False
     prompt_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
 
     # Refused unless at their default; one SamplingParams gains is passed on instead.
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "frequency_penalty",
-        "presence_penalty",
-        "repetition_penalty",
-        "min_p",
-        "logit_bias",
-        "allowed_token_ids",
         "use_beam_search",
         "prompt_logprobs",
         "response_format",
@@ -166,7 +161,15 @@ class _SamplingRequest(OpenAIBaseModel):
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         """SamplingParams for this request (a bad value raises ValueError)."""
-        return SamplingParams(**{**self.sampling_kwargs(), "max_tokens": max_tokens})
+        kwargs = {**self.sampling_kwargs(), "max_tokens": max_tokens}
+        if kwargs.get("logit_bias"):
+            # As upstream's SamplingParams.from_optional (vllm/sampling_params.py:325):
+            # JSON keys are strings; biases are clipped to [-100, 100].
+            kwargs["logit_bias"] = {
+                int(token): min(100.0, max(-100.0, bias))
+                for token, bias in kwargs["logit_bias"].items()
+            }
+        return SamplingParams(**kwargs)
 
 
 class CompletionRequest(_SamplingRequest):
