@@ -27,6 +27,27 @@ from mini_vllm.outputs import RequestOutput
 REQUEST_ID, CREATED, MODEL = "cmpl-oracle", 1700000000, "tiny-llama"
 
 
+# The request bodies both the SSE oracle test and Lab 16.1 stream.
+PROMPTS = ["The capital of France is", "Once upon a time"]
+CASES = {
+    "one prompt": {"prompt": PROMPTS[0], "max_tokens": 6},
+    "usage on every chunk and at the end": {
+        "prompt": PROMPTS[1],
+        "max_tokens": 6,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    },
+    "two prompts, n=2, usage at the end": {
+        "prompt": PROMPTS,
+        "max_tokens": 5,
+        "n": 2,
+        "temperature": 0.8,
+        "seed": 3,
+        "stream_options": {"include_usage": True},
+    },
+    "logprobs": {"prompt": PROMPTS[0], "max_tokens": 5, "logprobs": 2},
+}
+
+
 def prompts_of(body: dict) -> list:
     return [body["prompt"]] if isinstance(body["prompt"], str) else list(body["prompt"])
 

@@ -25,30 +25,18 @@ from serve_helpers import tiny_text_model
 
 from mini_vllm.engine.async_llm import AsyncLLM
 from mini_vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from mini_vllm.oracle.sse import MODEL, mini_chunks, record, upstream_chunks, upstream_serving
+from mini_vllm.oracle.sse import (
+    CASES,
+    MODEL,
+    PROMPTS,
+    mini_chunks,
+    record,
+    upstream_chunks,
+    upstream_serving,
+)
 from mini_vllm.outputs import CompletionOutput, RequestOutput
 
 pytestmark = pytest.mark.upstream
-
-PROMPTS = ["The capital of France is", "Once upon a time"]
-
-CASES = {
-    "one prompt": {"prompt": PROMPTS[0], "max_tokens": 6},
-    "usage": {
-        "prompt": PROMPTS[1],
-        "max_tokens": 6,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    },
-    "two prompts n=2": {
-        "prompt": PROMPTS,
-        "max_tokens": 5,
-        "n": 2,
-        "temperature": 0.8,
-        "seed": 3,
-        "stream_options": {"include_usage": True},
-    },
-    "logprobs": {"prompt": PROMPTS[0], "max_tokens": 5, "logprobs": 2},
-}
 
 
 @pytest.fixture(scope="module")

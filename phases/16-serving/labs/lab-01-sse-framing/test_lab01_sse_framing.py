@@ -22,29 +22,14 @@ import pytest
 from mini_vllm.entrypoints.openai.serving_completion import (
     OpenAIServingCompletion as ReferenceServing,
 )
-from mini_vllm.oracle.sse import MODEL, mini_chunks, record, upstream_chunks
+from mini_vllm.oracle.sse import CASES as SHARED_CASES
+from mini_vllm.oracle.sse import MODEL, PROMPTS, mini_chunks, record, upstream_chunks
 from mini_vllm.outputs import CompletionOutput, RequestOutput
 
 from phase16_helpers import chunk_difference, unwritten
 
-PROMPTS = ["The capital of France is", "Once upon a time"]
-
 CASES = {
-    "one prompt": {"prompt": PROMPTS[0], "max_tokens": 6},
-    "usage on every chunk and at the end": {
-        "prompt": PROMPTS[1],
-        "max_tokens": 6,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    },
-    "two prompts, n=2, usage at the end": {
-        "prompt": PROMPTS,
-        "max_tokens": 5,
-        "n": 2,
-        "temperature": 0.8,
-        "seed": 3,
-        "stream_options": {"include_usage": True},
-    },
-    "logprobs": {"prompt": PROMPTS[0], "max_tokens": 5, "logprobs": 2},
+    **SHARED_CASES,
     "a stop string, after a chunked-prefill output with no token": {
         "prompt": PROMPTS[1],
         "max_tokens": 12,
