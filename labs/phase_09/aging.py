@@ -56,8 +56,9 @@ class AgingRequestQueue(_reference.AgingRequestQueue):
 
     # BEGIN LAB 09.2: a preempted request enters the queue again
     def prepend_request(self, request: Request) -> None:
-        """A preempted request comes back. Under PRIORITY, upstream re-inserts
-        it by its key (request_queue.py:170); here it also starts waiting anew."""
+        """A preempted request comes back. Under PRIORITY, upstream re-inserts it
+        by its key (vllm/v1/core/sched/request_queue.py:160); here it also starts
+        waiting anew."""
         # HINT: its wait counts from now: the step it was preempted in.
         raise NotImplementedError(
             "Lab 09.2: a preempted request enters the queue again (labs/phase_09/aging.py)"

@@ -1,12 +1,13 @@
 """Per-request latency (queue time, TTFT, TPOT) and its summary per priority class.
 
-The per-request part mirrors upstream ``vllm/v1/metrics/stats.py`` at v0.22.1:
-``RequestStateStats`` (:202) holds a request's timestamps, ``FinishedRequestStats``
-(:224) its intervals, and ``finished_request_stats`` computes them the way
-``IterationStats.update_from_finished_request`` (:428) does. Upstream fills the
-timestamps from engine-core events (QUEUED at ``add_request``,
-vllm/v1/core/sched/scheduler.py:1777; SCHEDULED at admission, :786) and from
-each step's outputs (``IterationStats.update_from_output``, stats.py:353).
+Mirrors upstream ``vllm/v1/metrics/stats.py`` at v0.22.1 for the per-request
+part: ``RequestStateStats`` (:202) holds a request's timestamps,
+``FinishedRequestStats`` (:224) its intervals, and ``finished_request_stats``
+computes them the way ``update_from_finished_request`` (:428) does. Upstream
+fills the timestamps from engine-core events (QUEUED when the scheduler adds
+the request, vllm/v1/core/sched/scheduler.py:1777; SCHEDULED at each
+admission, scheduler.py:786-788) and from each step's outputs
+(``update_from_output``, :353).
 
 Course extension (not upstream): ``TimedScheduler`` records the same
 timestamps from outside the scheduler, around ``add_request``, ``schedule``
