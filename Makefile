@@ -94,6 +94,7 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.fragmentation
 	$(BIN)/python -m mini_vllm.benchmarks.attention
 	$(BIN)/python -m mini_vllm.benchmarks.kv_cache_speedup
+	$(BIN)/python -m mini_vllm.benchmarks.fairness
 
 labs: setup
 	$(BIN)/python -m mini_vllm.grading generate
