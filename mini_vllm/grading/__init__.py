@@ -10,6 +10,7 @@
   that no code under grade can outlast its time limit or fake a score;
 - ``checks``: scheduler checks the graded suites share (snapshots, lockstep
   against the reference);
+- ``aging_checks``: Lab 09.2's promises of an aging rule, checked at every step;
 - ``diff_upstream``: a mini_vllm (or student) symbol beside upstream's at the pin.
 
 Run ``python -m mini_vllm.grading --help``.
