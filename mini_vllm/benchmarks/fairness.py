@@ -11,8 +11,9 @@
    Scheduler: block size 16, 2048 KV blocks, max_num_seqs 64, budget 1024,
    max_model_len 4096, prefix caching on. The same trace runs under FCFS,
    PRIORITY, PRIORITY with aging (``AgingScheduler``, bounds 32 and 8), FCFS
-   with ``long_prefill_token_threshold`` 512, and FCFS with a 4096 budget
-   with chunked prefill on and off (off needs budget >= max_model_len).
+   with ``long_prefill_token_threshold`` 512, FCFS with a 4096 budget with
+   chunked prefill on and off (off needs budget >= max_model_len), and FCFS,
+   PRIORITY and aging 32 with 1024 KV blocks (memory pressure: preemptions).
    Reported per class: TTFT p50, p90, p99, TPOT p50 and p99, queue time p99
    and max; per case, the short prompts' (<= 256 tokens) TTFT p99, steps and
    preemptions.
@@ -95,6 +96,13 @@ FAKE_CASES = {
         {"policy": "fcfs", "enable_chunked_prefill": False, "max_num_batched_tokens": 4096},
     ),
     "FCFS, budget 4096": (TimedScheduler, {"policy": "fcfs", "max_num_batched_tokens": 4096}),
+    # Memory pressure: half the KV blocks, so preemption (and its victim choice) matters.
+    "FCFS, 1024 blocks": (TimedScheduler, {"policy": "fcfs", "num_blocks": 1024}),
+    "PRIORITY, 1024 blocks": (TimedScheduler, {"policy": "priority", "num_blocks": 1024}),
+    "PRIORITY + aging 32, 1024 blocks": (
+        timed(AgingScheduler, 32),
+        {"policy": "priority", "num_blocks": 1024},
+    ),
 }
 
 
