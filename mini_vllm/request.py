@@ -59,6 +59,11 @@ class Request:
         # True while the last schedule() left part of the prompt uncomputed.
         self.is_prefill_chunk = False
         self.num_preemptions = 0
+        # Async scheduling (core/sched/async_scheduler.py): tokens scheduled
+        # whose sampled ids are not back yet, and stale in-flight outputs to
+        # drop after reset_prefix_cache preempted the request. 0 when sync.
+        self.num_output_placeholders = 0
+        self.async_tokens_to_discard = 0
         # Upstream exposes read-only views (ConstantList); tuples would copy on
         # every access, so mini_vllm hands out the lists and trusts callers.
         self.output_token_ids = self._output_token_ids
