@@ -17,6 +17,7 @@ import pytest
 
 from mini_vllm.engine.llm_engine import LLMEngine
 from mini_vllm.entrypoints.llm import LLM
+from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.sampling_params import SamplingParams
 
 PROMPTS = ["The capital of France is", "Hello, my name is", "1, 2, 3,", "def fib(n):"]
@@ -36,9 +37,9 @@ def _outputs(llm: LLM, params: list[SamplingParams]) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def smollm2_llms(smollm2_hf):
-    """(sync LLM, async LLM) on SmolLM2; each loads the GGUF once (~2 s)."""
-    path, _ = smollm2_hf
+def smollm2_llms():
+    """(sync LLM, async LLM) on SmolLM2; each loads the GGUF once (~2 s quiet)."""
+    path = smollm2_gguf_path()
     kwargs = dict(max_model_len=256, kv_cache_memory_bytes=32 << 20)
     return LLM(str(path), **kwargs), LLM(str(path), async_scheduling=True, **kwargs)
 
