@@ -6,7 +6,8 @@ What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - ``num_tokens == num_prompt_tokens + num_output_tokens``;
-- ``0 <= num_computed_tokens <= num_tokens`` between steps;
+- ``0 <= num_computed_tokens <= num_tokens + num_output_placeholders``
+  between steps (placeholders are 0 without async scheduling);
 - ``block_hashes`` holds one hash per *full* block of ``all_token_ids``
   when the request has a block hasher (recomputed incrementally);
 - the enum order is the logic: every status after ``PREEMPTED`` is finished.
