@@ -109,8 +109,6 @@ class EngineCore:
         if self.batch_queue_size > 1:
             self.batch_queue = deque(maxlen=self.batch_queue_size)
             self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mini_vllm_worker")
-        # What LLMEngine.step calls (upstream's InprocClient.get_output calls step_fn).
-        self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -173,6 +171,13 @@ class EngineCore:
         return self.scheduler.update_from_output(scheduler_output, model_output)
 
     # END LAB 01.2
+
+    def step_fn(self) -> EngineCoreOutputs:
+        """What LLMEngine.step calls: ``step``, or ``step_with_batch_queue``
+        with async scheduling. Upstream picks one when the engine is built
+        (core.py:216-218) and its InprocClient calls it; a method here, so that
+        a ``step`` shadowed on the instance (the labs' recorders) is the one run."""
+        return self.step() if self.batch_queue is None else self.step_with_batch_queue()
 
     # mirrors vllm/v1/engine/core.py:469-585
     def step_with_batch_queue(self) -> EngineCoreOutputs:
