@@ -29,6 +29,9 @@ class SchedulerConfig:
     scheduler_reserve_full_isl: bool = True
     # Class to instantiate instead of mini_vllm's Scheduler (labs plug in here).
     scheduler_cls: type | str | None = None
+    # Schedule step N+1 while step N runs (AsyncScheduler and the engine
+    # core's batch queue). Upstream resolves its default to True; here False.
+    async_scheduling: bool = False
 
     def verify(self, max_model_len: int) -> None:
         if self.max_num_seqs < 1:

@@ -6,7 +6,8 @@ What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
 - ``num_tokens == num_prompt_tokens + num_output_tokens``;
-- ``0 <= num_computed_tokens <= num_tokens`` between steps;
+- ``0 <= num_computed_tokens <= num_tokens + num_output_placeholders``
+  between steps (placeholders are 0 without async scheduling);
 - ``block_hashes`` holds one hash per *full* block of ``all_token_ids``
   when the request has a block hasher (recomputed incrementally);
 - the enum order is the logic: every status after ``PREEMPTED`` is finished.
@@ -59,6 +60,11 @@ class Request:
         # True while the last schedule() left part of the prompt uncomputed.
         self.is_prefill_chunk = False
         self.num_preemptions = 0
+        # Async scheduling (core/sched/async_scheduler.py): tokens scheduled
+        # whose sampled ids are not back yet, and stale in-flight outputs to
+        # drop after reset_prefix_cache preempted the request. 0 when sync.
+        self.num_output_placeholders = 0
+        self.async_tokens_to_discard = 0
         # Upstream exposes read-only views (ConstantList); tuples would copy on
         # every access, so mini_vllm hands out the lists and trusts callers.
         self.output_token_ids = self._output_token_ids

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from mini_vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from mini_vllm.core.kv_cache_manager import KVCacheManager
 from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
+from mini_vllm.core.sched.async_scheduler import AsyncScheduler
 from mini_vllm.core.sched.scheduler import Scheduler
 from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
@@ -45,8 +46,10 @@ def create_scheduler(
     policy: str = "fcfs",
     scheduler_reserve_full_isl: bool = True,
     scheduler_cls: type | None = None,
+    async_scheduling: bool = False,
 ) -> Scheduler:
-    """A scheduler over ``num_blocks`` KV blocks (block 0 is the null block)."""
+    """A scheduler over ``num_blocks`` KV blocks (block 0 is the null block);
+    an ``AsyncScheduler`` with ``async_scheduling``, as upstream's engine picks."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     vllm_config = VllmConfig(
@@ -63,9 +66,12 @@ def create_scheduler(
             long_prefill_token_threshold=long_prefill_token_threshold,
             policy=policy,
             scheduler_reserve_full_isl=scheduler_reserve_full_isl,
+            async_scheduling=async_scheduling,
         ),
     )
-    return (scheduler_cls or Scheduler)(vllm_config, log_stats=True)
+    if scheduler_cls is None:
+        scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
+    return scheduler_cls(vllm_config, log_stats=True)
 
 
 def create_requests(

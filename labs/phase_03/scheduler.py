@@ -84,8 +84,25 @@ class Scheduler(_reference.Scheduler):
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
+            if (
+                request.num_output_placeholders > 0
+                and request.num_computed_tokens + 2 - request.num_output_placeholders
+                >= request.num_prompt_tokens + request.max_tokens
+            ):
+                # Async scheduling only (placeholders are 0 otherwise): the
+                # step in flight already samples the last token max_tokens
+                # allows, so another step would be wasted.
+                # (mirrors vllm/v1/core/sched/scheduler.py:369-383)
+                req_index += 1
+                continue
+            # Placeholders: tokens scheduled but not yet back count as computed
+            # input already (async scheduling; 0 otherwise).
             num_new_tokens = self._clamp_new_tokens(
-                request, request.num_tokens_with_spec - request.num_computed_tokens, token_budget
+                request,
+                request.num_tokens_with_spec
+                + request.num_output_placeholders
+                - request.num_computed_tokens,
+                token_budget,
             )
             if num_new_tokens == 0:
                 # Nothing to do for it now (it sits at max_model_len - 1).

@@ -2,8 +2,22 @@
 
 Mirrors upstream ``vllm/v1/engine/core.py`` (``EngineCore`` :94:
 ``_initialize_kv_caches`` :235, ``add_request`` :337, ``abort_requests``
-:374, ``step`` :428) at v0.22.1. Left out: the busy loop and ZMQ process boundary
-(``EngineCoreProc``), batch queues, async scheduling, utility calls.
+:374, ``step`` :428, ``step_with_batch_queue`` :469) at v0.22.1. Left out: the
+busy loop and ZMQ process boundary (``EngineCoreProc``), pipeline parallelism's
+deeper queues, deferred sampling for structured output, utility calls.
+
+With ``async_scheduling`` the scheduler is the ``AsyncScheduler`` and the
+engine keeps up to two steps in flight (``step_with_batch_queue``): the
+model runner runs each step on one worker thread (upstream's
+``UniProcExecutor`` with ``max_concurrent_batches`` 2,
+vllm/v1/executor/uniproc_executor.py:77), and while step N's forward runs
+there (torch releases the GIL), this thread schedules step N+1, then takes
+in step N's output and the front end detokenizes it. Steps run on the worker
+in order, so when step N+1 starts its inputs the runner has already appended
+step N's sampled token to its own token table: that is where a request
+scheduled before its token was known gets it (upstream patches the previous
+step's sampled ids into the device's input ids instead, ``prev_sampled_token_ids``
+in gpu_model_runner.py; see UPSTREAM_PIN.md).
 
 The KV cache is sized from one ``FullAttentionSpec`` shared by every
 attention layer (``mini_vllm.kv_cache_interface``, the same arithmetic as
@@ -17,21 +31,27 @@ model, which is how the labs run a student's scheduler.
 from __future__ import annotations
 
 import importlib
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from mini_vllm.config import VllmConfig
+from mini_vllm.core.sched.async_scheduler import AsyncScheduler
+from mini_vllm.core.sched.output import SchedulerOutput
 from mini_vllm.core.sched.scheduler import Scheduler
 from mini_vllm.engine import EngineCoreOutputs
+from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.worker.gpu_model_runner import GPUModelRunner
 from mini_vllm.worker.gpu_worker import allocate_kv_caches, determine_num_blocks, kv_cache_spec_of
 
 
-def resolve_scheduler_cls(scheduler_cls) -> type:
-    """A class, a 'package.module.Class' path, or None (mini_vllm's Scheduler)."""
+def resolve_scheduler_cls(scheduler_cls, async_scheduling: bool = False) -> type:
+    """A class, a 'package.module.Class' path, or None (mini_vllm's Scheduler,
+    or its AsyncScheduler with async scheduling, as upstream's default)."""
     if scheduler_cls is None:
-        return Scheduler
+        return AsyncScheduler if async_scheduling else Scheduler
     if isinstance(scheduler_cls, str):
         module_name, _, class_name = scheduler_cls.replace(":", ".").rpartition(".")
         try:
@@ -68,7 +88,10 @@ class EngineCore:
             model, num_blocks, cache.block_size, dtype, device, attention_backend
         )
         self.model_runner = GPUModelRunner(vllm_config, model, device)
-        scheduler_cls = resolve_scheduler_cls(vllm_config.scheduler_config.scheduler_cls)
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
+        scheduler_cls = resolve_scheduler_cls(
+            vllm_config.scheduler_config.scheduler_cls, self.async_scheduling
+        )
         # Stats on, unlike upstream's default: LLMEngine.get_stats adds up the
         # prefix-cache counts they carry.
         self.scheduler = scheduler_cls(vllm_config, log_stats=True)
@@ -76,6 +99,16 @@ class EngineCore:
         self.num_steps = 0
         self.num_preemptions = 0
         self.num_scheduled_tokens = 0
+
+        # Async scheduling: steps in flight, newest on the left, each with
+        # the future of its model output; one worker thread runs the model.
+        # (upstream: core.py:191-197 and uniproc_executor.py:77)
+        self.batch_queue_size = 2 if self.async_scheduling else 1
+        self.batch_queue: deque[tuple[Future[ModelRunnerOutput], SchedulerOutput]] | None = None
+        self.worker: ThreadPoolExecutor | None = None
+        if self.batch_queue_size > 1:
+            self.batch_queue = deque(maxlen=self.batch_queue_size)
+            self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mini_vllm_worker")
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -93,6 +126,15 @@ class EngineCore:
         evicts the blocks whose KV failed to load. Unknown or finished ids are
         ignored. Upstream has no recovery: its engine dies on a failed step.
         """
+        if self.batch_queue:
+            # Async scheduling: let the steps in flight end (the worker must
+            # not run while the runner is cleaned up below) and drop their
+            # outputs. Only LLM.generate fails requests, and it fails all of
+            # its own, which are all the unfinished ones (one generate at a
+            # time): no surviving request waits for a dropped output.
+            for future, _ in self.batch_queue:
+                future.exception()
+            self.batch_queue.clear()
         kv_cache_manager = self.scheduler.kv_cache_manager
         block_ids = [
             block_id
@@ -129,3 +171,42 @@ class EngineCore:
         return self.scheduler.update_from_output(scheduler_output, model_output)
 
     # END LAB 01.2
+
+    def step_fn(self) -> EngineCoreOutputs:
+        """What LLMEngine.step calls: ``step``, or ``step_with_batch_queue``
+        with async scheduling. Upstream picks one when the engine is built
+        (core.py:216-218) and its InprocClient calls it; a method here, so that
+        a ``step`` shadowed on the instance (the labs' recorders) is the one run."""
+        return self.step() if self.batch_queue is None else self.step_with_batch_queue()
+
+    # mirrors vllm/v1/engine/core.py:469-585
+    def step_with_batch_queue(self) -> EngineCoreOutputs:
+        """One engine step with up to two steps in flight.
+
+        1. If there is work, schedule a step and hand it to the worker thread
+           without waiting. If it runs tokens, the queue is not full and the
+           oldest step is still running, return at once (empty outputs):
+           filling the queue comes before taking outputs in.
+        2. Otherwise wait for the oldest step and take in its output.
+        """
+        batch_queue = self.batch_queue
+        assert batch_queue is not None and self.worker is not None
+        if self.scheduler.has_requests():
+            scheduler_output = self.scheduler.schedule()
+            self.num_steps += 1
+            self.num_preemptions += len(scheduler_output.preempted_req_ids or ())
+            self.num_scheduled_tokens += scheduler_output.total_num_scheduled_tokens
+            future = self.worker.submit(self.model_runner.execute_model, scheduler_output)
+            batch_queue.appendleft((future, scheduler_output))
+            if (
+                scheduler_output.total_num_scheduled_tokens > 0
+                and len(batch_queue) < self.batch_queue_size
+                and not batch_queue[-1][0].done()
+            ):
+                return EngineCoreOutputs()
+        elif not batch_queue:
+            return EngineCoreOutputs()
+
+        future, scheduler_output = batch_queue.pop()
+        model_output = future.result()
+        return self.scheduler.update_from_output(scheduler_output, model_output)

@@ -155,7 +155,7 @@ class LLMEngine:
         # HINT: upstream's four steps (llm_engine.py:287): get the core's outputs,
         # HINT: process them, abort processed.reqs_to_abort, record the stats
         # HINT: (self.record_stats(outputs.scheduler_stats)).
-        outputs = self.engine_core.step()
+        outputs = self.engine_core.step_fn()
         processed = self.output_processor.process_outputs(outputs)
         self.engine_core.abort_requests(processed.reqs_to_abort)
         self.record_stats(outputs.scheduler_stats)

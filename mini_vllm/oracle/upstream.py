@@ -40,6 +40,7 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core import kv_cache_utils  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
@@ -124,7 +125,10 @@ def create_scheduler(
     enable_chunked_prefill: bool = True,
     policy: str = "fcfs",
     scheduler_reserve_full_isl: bool = True,
+    async_scheduling: bool = False,
 ) -> Scheduler:
+    """Upstream's Scheduler, or its AsyncScheduler with ``async_scheduling``
+    (the class upstream's engine picks for that setting)."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     scheduler_config = SchedulerConfig(
@@ -136,7 +140,7 @@ def create_scheduler(
         enable_chunked_prefill=enable_chunked_prefill,
         policy=policy,
         scheduler_reserve_full_isl=scheduler_reserve_full_isl,
-        async_scheduling=False,
+        async_scheduling=async_scheduling,
     )
     model_config = ModelConfig(
         model=_model_dir,
@@ -159,6 +163,7 @@ def create_scheduler(
         "enable_chunked_prefill": enable_chunked_prefill,
         "policy": policy,
         "scheduler_reserve_full_isl": scheduler_reserve_full_isl,
+        "async_scheduling": async_scheduling,
     }
     got = {k: getattr(vllm_config.scheduler_config, k) for k in asked}
     got_cache = (
@@ -173,7 +178,7 @@ def create_scheduler(
         raise RuntimeError(f"vllm rewrote the configuration: asked {asked}, got {got}, {got_cache}")
     kv_cache_config = _kv_cache_config(num_blocks, block_size)
     vllm_config.cache_config.num_gpu_blocks = num_blocks
-    return Scheduler(
+    return (AsyncScheduler if async_scheduling else Scheduler)(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),

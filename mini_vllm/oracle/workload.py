@@ -255,17 +255,21 @@ FIELD_WORDS = {
 }
 
 
-def first_difference(expected: dict, got: dict, labels=("upstream", "mini_vllm")) -> str | None:
+def first_difference(
+    expected: dict, got: dict, labels=("upstream", "mini_vllm"), field_words=None
+) -> str | None:
     """None if the traces agree, else a sentence naming the first step and
     field that differ (``expected`` is the upstream side; ``labels`` name
-    the two sides)."""
+    the two sides; ``field_words`` the fields compared, FIELD_WORDS unless
+    given)."""
+    field_words = FIELD_WORDS if field_words is None else field_words
     a, b = labels
     width = max(len(a), len(b))
     for i, (e, g) in enumerate(zip(expected["steps"], got["steps"], strict=False)):
-        for key in FIELD_WORDS:
+        for key in field_words:
             if e.get(key) != g.get(key):
                 return (
-                    f"step {i}: {FIELD_WORDS[key]} differ.\n"
+                    f"step {i}: {field_words[key]} differ.\n"
                     f"  {a:<{width}}: {e.get(key)}\n  {b:<{width}}: {g.get(key)}"
                 )
     ne, ng = len(expected["steps"]), len(got["steps"])

@@ -10,7 +10,13 @@ same fake-model tokens; every step's SchedulerOutput, the update_from_output
 results, the free-block count and each request's final state must be equal.
 A failure names the first step and field that differ.
 
-MINI_VLLM_LOCKSTEP_EXAMPLES sets the number of generated cases (default 2000).
+The same workloads also run through both AsyncSchedulers with outputs
+delivered one step late (mini_vllm/oracle/async_workload.py: a batch queue of
+two, as upstream's step_with_batch_queue); every engine step's batch, the
+delivered output, the placeholders and each request's counts must be equal.
+
+MINI_VLLM_LOCKSTEP_EXAMPLES sets the number of generated cases (default 2000),
+MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES the number of async ones (default 500).
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import mini_vllm.testing as mini
+from mini_vllm.oracle.async_workload import ASYNC_FIELD_WORDS, run_workload_async
 from mini_vllm.oracle.strategies import workloads
-from mini_vllm.oracle.workload import first_difference, run_workload
+from mini_vllm.oracle.workload import RequestSpec, Workload, first_difference, run_workload
 
 pytestmark = pytest.mark.upstream
 
 EXAMPLES = int(os.environ.get("MINI_VLLM_LOCKSTEP_EXAMPLES", "2000"))
+ASYNC_EXAMPLES = int(os.environ.get("MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES", "500"))
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +71,55 @@ def test_generated_workloads_exercise_preemption(counts):
     if counts.get("lockstep examples", 0) < 50:
         pytest.skip("too few lockstep examples ran to judge coverage")
     assert counts["lockstep examples with preemption"] > 0, counts
+
+
+@settings(
+    max_examples=ASYNC_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(workload=workloads())
+def test_async_lockstep_with_upstream(upstream, counts, workload):
+    expected = run_workload_async(upstream, workload)
+    got = run_workload_async(mini, workload)
+    counts["async examples"] = counts.get("async examples", 0) + 1
+    preempted = sum(len(s.get("preempted", ())) for s in expected["steps"])
+    counts["async examples with preemption"] = counts.get("async examples with preemption", 0) + (
+        preempted > 0
+    )
+    diff = first_difference(expected, got, field_words=ASYNC_FIELD_WORDS)
+    assert diff is None, f"{diff}\nconfig: {workload.config}"
+
+
+def test_async_workloads_exercise_preemption(counts):
+    """Runs after the async lockstep test in this module."""
+    if counts.get("async examples", 0) < 50:
+        pytest.skip("too few async lockstep examples ran to judge coverage")
+    assert counts["async examples with preemption"] > 0, counts
+
+
+def test_async_placeholders_go_1_2_1(upstream):
+    """A steady decoding request on upstream's AsyncScheduler: scheduled once
+    (1 placeholder), scheduled again before its token is back (2), the token
+    comes back (1), and so on; mini_vllm's trace is the same."""
+    workload = Workload(
+        "steady",
+        {"block_size": 4, "num_blocks": 64, "max_num_batched_tokens": 64, "max_model_len": 64},
+        [RequestSpec("a", list(range(1, 10)), max_tokens=6)],
+    )
+    expected = run_workload_async(upstream, workload)
+    seen = []
+    for s in expected["steps"]:
+        seen += [n for r, n in s.get("scheduled_placeholders", ())]
+        seen += [n for r, n, *_ in s["requests"] if s.get("delivered") is not None]
+    assert seen[:5] == [1, 2, 1, 2, 1], seen
+    assert (
+        first_difference(
+            expected, run_workload_async(mini, workload), field_words=ASYNC_FIELD_WORDS
+        )
+        is None
+    )
 
 
 def test_block_hashes_equal_upstream(upstream):

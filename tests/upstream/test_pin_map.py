@@ -90,6 +90,7 @@ CORE_MODULES = (
     "core/sched/utils.py",
     "core/sched/interface.py",
     "core/sched/scheduler.py",
+    "core/sched/async_scheduler.py",
     "utils/hashing.py",
 )
 

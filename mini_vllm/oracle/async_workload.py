@@ -1,0 +1,156 @@
+"""A workload driver for async scheduling: outputs come back one step late.
+
+``run_workload_async`` runs a backend's ``AsyncScheduler`` (built with
+``async_scheduling=True``) the way upstream's engine core drives it with a
+batch queue of two (``EngineCore.step_with_batch_queue``,
+vllm/v1/engine/core.py:469): each engine step schedules a batch if there is
+work and puts it in the queue; while the queue is not full and the batch ran
+tokens, the step returns without waiting; otherwise it takes the oldest batch
+out, and its fake-model output goes to ``update_from_output``. The fake
+worker is taken to be never done before it is waited on (upstream peeks at
+``future.done()``, a race; here the queue always fills), so the run is
+deterministic and the two schedulers see the same calls.
+
+The fake model is ``workload.fake_token``: a request that samples in a batch
+(not mid-prefill once the batch is scheduled) gets the token for its output
+index *when the output is delivered*, which is the index upstream's model
+would have sampled at, because updates arrive in step order.
+
+Each engine step's record holds the scheduled batch (the fields of
+``describe_scheduler_output``, if one was scheduled), which batch's output
+was delivered, the update's outputs, free blocks and prefix-cached blocks, each scheduled
+request's placeholders right after ``schedule()`` and every request's
+placeholders and counts at the end of the step. ``first_difference`` compares two traces with
+``ASYNC_FIELD_WORDS``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from mini_vllm.oracle.workload import (
+    FIELD_WORDS,
+    Progress,
+    Workload,
+    _outputs,
+    describe_scheduler_output,
+    fake_token,
+    make_request,
+)
+
+# Upstream's UniProcExecutor.max_concurrent_batches with async scheduling
+# (vllm/v1/executor/uniproc_executor.py:77).
+BATCH_QUEUE_SIZE = 2
+
+ASYNC_FIELD_WORDS = {
+    **FIELD_WORDS,
+    "scheduled_placeholders": "placeholders of each scheduled request, after schedule()",
+    "cached_blocks": "prefix-cached block ids, and each request's cached-block count",
+    "delivered": "the scheduled batch whose output update_from_output took",
+    "requests": "each request's (id, placeholders, computed tokens, tokens, status)",
+}
+
+
+def run_workload_async(backend, workload: Workload, scheduler=None) -> dict:
+    """Run a workload through an async scheduler with a batch queue of two.
+
+    ``scheduler`` may be given (built by ``backend.create_scheduler`` with
+    ``async_scheduling=True``), for example a student's.
+    """
+    sched = scheduler or backend.create_scheduler(**workload.config, async_scheduling=True)
+    block_size = workload.config.get("block_size", 16)
+    eos = backend.EOS_TOKEN_ID
+    specs = {s.req_id: s for s in workload.requests}
+    arrival_time = {s.req_id: float(i) for i, s in enumerate(workload.requests)}
+    arrival_order = sorted(workload.requests, key=lambda s: s.arrive_step)
+    objects = {}
+    steps = []
+    # Newest batch on the left, as upstream's deque: (batch number, output,
+    # ids of the requests that sample in it).
+    batch_queue: deque = deque()
+    num_batches = 0
+    next_arrival = 0
+    step = 0
+    progress = Progress()
+    while True:
+        while next_arrival < len(arrival_order) and arrival_order[next_arrival].arrive_step <= step:
+            spec = arrival_order[next_arrival]
+            request = make_request(backend, spec, arrival_time[spec.req_id], block_size)
+            sched.add_request(request)
+            objects[spec.req_id] = request
+            next_arrival += 1
+        aborts = sorted(s.req_id for s in workload.requests if s.abort_step == step)
+        if aborts:
+            sched.finish_requests(aborts, backend.RequestStatus.FINISHED_ABORTED)
+        if next_arrival == len(arrival_order) and not sched.has_requests() and not batch_queue:
+            break
+        if step >= workload.max_steps:
+            raise RuntimeError(f"workload {workload.name!r} did not finish in {step} steps")
+
+        record: dict = {}
+        deliver = True
+        if sched.has_requests():
+            out = sched.schedule()
+            record.update(describe_scheduler_output(out))
+            sampling = [
+                r for r in out.num_scheduled_tokens if not sched.requests[r].is_prefill_chunk
+            ]
+            record["scheduled_placeholders"] = [
+                [r, sched.requests[r].num_output_placeholders] for r in out.num_scheduled_tokens
+            ]
+            batch_queue.appendleft((num_batches, out, sampling))
+            num_batches += 1
+            # A batch that ran tokens does not wait for the oldest one
+            # unless the queue is full.
+            deliver = out.total_num_scheduled_tokens == 0 or len(batch_queue) == BATCH_QUEUE_SIZE
+        elif not batch_queue:
+            deliver = False  # idle: waiting for arrivals
+        if deliver:
+            batch, out, sampling = batch_queue.pop()
+            runner_output = _late_runner_output(backend, sched, out, sampling, specs, eos)
+            result = sched.update_from_output(out, runner_output)
+            record["delivered"] = batch
+            record["outputs"] = _outputs(result)
+            record["free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+            kv = backend.manager_state(sched.kv_cache_manager)
+            # Which blocks are in the prefix cache: a delivered token completes
+            # a block that only now can be cached.
+            record["cached_blocks"] = [kv["cached_blocks"], kv["num_cached_block"]]
+        record["requests"] = [
+            [r.request_id, r.num_output_placeholders, r.num_computed_tokens, r.num_tokens]
+            + [r.status.name]
+            for r in sorted(sched.requests.values(), key=lambda r: r.request_id)
+        ]
+        steps.append(record)
+        progress.after_step(sched, step)
+        step += 1
+
+    final = {
+        req_id: {
+            "status": objects[req_id].status.name,
+            "output_token_ids": list(objects[req_id].output_token_ids),
+            "num_preemptions": objects[req_id].num_preemptions,
+        }
+        for req_id in sorted(objects)
+    }
+    return {"steps": steps, "final": final}
+
+
+def _late_runner_output(backend, sched, out, sampling, specs, eos):
+    """The batch's output, built when it is delivered: one token for each
+    request that sampled in it, at the output index it has reached by now
+    (an aborted request gets a token too; update_from_output skips it)."""
+    req_ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for req_id in req_ids:
+        if req_id not in sampling:
+            sampled.append([])
+            continue
+        request = sched.requests.get(req_id)
+        index = request.num_output_tokens if request is not None else 0
+        sampled.append([fake_token(specs[req_id], index, eos)])
+    return backend.ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+    )
