@@ -9,7 +9,9 @@ Hypothesis generates batches mixing every parameter mini_vllm supports
 allowed_token_ids, bad words, min_tokens, seeds, logprobs) over prompts and
 outputs; from the same logits and the same global seed the two sides must
 give bit-identical processed logits (``apply_logits_processors``), the same
-tokens, and the same logprobs, ids and ranks. Upstream's batch gets its
+tokens, and the same logprobs, ids and ranks, in each of upstream's four
+``logprobs_mode``s (raw or processed, logits or logprobs; both samplers are
+built with the case's mode). Upstream's batch gets its
 built-in processors (min_tokens, logit_bias, min_p); mini's gets the
 runner's ``build_logitsprocs``. The penalties module's
 ``is_pin_memory_available`` returns False (no CUDA here). The upstream
@@ -28,6 +30,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mini_vllm.config import LOGPROBS_MODES
 from mini_vllm.sample.sampler import Sampler
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
@@ -108,7 +111,8 @@ def cases(draw):
     removed = draw(st.sets(st.integers(0, len(rows) - 1), max_size=len(rows) - 1))
     values = st.one_of(st.sampled_from([-2.0, 0.0, 1.0, 1.0, 3.0]), st.floats(-6, 6, width=32))
     logits = draw(st.lists(values, min_size=vocab * MAX_REQS, max_size=vocab * MAX_REQS))
-    return vocab, rows, sorted(removed), torch.tensor(logits).view(MAX_REQS, vocab)
+    mode = draw(st.sampled_from(LOGPROBS_MODES))
+    return vocab, rows, sorted(removed), torch.tensor(logits).view(MAX_REQS, vocab), mode
 
 
 def _generator(params: dict) -> torch.Generator | None:
@@ -223,12 +227,12 @@ def _diff(got: torch.Tensor, want: torch.Tensor) -> str | None:
 @SETTINGS
 @given(case=cases())
 def test_sampler_matches_upstream_on_mixed_batches(up, case):
-    vocab, rows, removed, all_logits = case
+    vocab, rows, removed, all_logits, mode = case
     mini, upstream = _mini_side(vocab, rows, removed), _upstream_side(up, vocab, rows, removed)
     assert mini.req_ids == upstream.req_ids
     n = mini.num_reqs
     logits = all_logits[:n].clone()
-    where = f"rows {[rows[int(r[1:])] for r in mini.req_ids]}"
+    where = f"logprobs_mode {mode}, rows {[rows[int(r[1:])] for r in mini.req_ids]}"
 
     meta = mini.sampling_metadata
     mine = _metadata_fields(meta, n, meta.all_greedy)
@@ -242,7 +246,7 @@ def test_sampler_matches_upstream_on_mixed_batches(up, case):
 
     for seed in (0, 1):
         mini_seen, up_seen = [], []
-        mini_sampler, up_sampler = Sampler(), up.Sampler()
+        mini_sampler, up_sampler = Sampler(mode), up.Sampler(mode)
         mini_sampler.topk_topp_sampler = _recording(mini_sampler.topk_topp_sampler, mini_seen)
         forward = up_sampler.topk_topp_sampler.forward
         up_sampler.topk_topp_sampler.forward = _recording(forward, up_seen)
@@ -263,7 +267,11 @@ def test_sampler_matches_upstream_on_mixed_batches(up, case):
             continue
         for row, (ids, vals, rank) in enumerate(out.logprobs):
             assert ids == lp.logprob_token_ids[row].tolist(), (row, where)
-            assert vals == lp.logprobs[row].tolist(), (row, where)
+            # A row whose every token is masked has NaN logprobs in the processed modes.
+            vals, want_vals = torch.tensor(vals), lp.logprobs[row]
+            assert torch.equal(vals.nan_to_num(nan=7.0), want_vals.nan_to_num(nan=7.0)), (
+                f"row {row} logprobs: mini {vals.tolist()} upstream {want_vals.tolist()}\n{where}"
+            )
             assert rank == int(lp.selected_token_ranks[row]), (row, where)
 
 
@@ -284,3 +292,20 @@ def test_bad_words_become_the_same_token_ids_as_upstream(up, words):
     theirs = up.SamplingParams(bad_words=words)
     theirs.update_from_tokenizer(get_cached_tokenizer(tokenizer))
     assert mini.bad_words_token_ids == theirs.bad_words_token_ids
+
+
+def test_upstreams_other_sampling_fields_are_refused_by_name(up):
+    """Every field of upstream's ``SamplingParams`` that mini_vllm leaves out
+    (``n``, ``prompt_logprobs``, ``structured_outputs``, ...) is refused with
+    an error naming it, never silently ignored; and mini has no field
+    upstream lacks."""
+    import dataclasses
+
+    mini_fields = {f.name for f in dataclasses.fields(SamplingParams)}
+    theirs = set(up.SamplingParams.__struct_fields__)
+    assert mini_fields <= theirs, sorted(mini_fields - theirs)
+    left_out = sorted(theirs - mini_fields)
+    assert "n" in left_out and "prompt_logprobs" in left_out, left_out
+    for name in left_out:
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+            SamplingParams(**{name: None})
