@@ -88,6 +88,17 @@ class Sampler(nn.Module):
     @staticmethod
     def apply_logits_processors(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         """Everything that applies to greedy and random rows alike, in place."""
+        # BEGIN LAB 06.4: the processors every row gets, in upstream's order
+        # HINT: receives logits float32 [B, V] and metadata; leaves logits with, in this order:
+        # HINT: allowed_token_ids (apply_allowed_token_ids with metadata.allowed_token_ids_mask),
+        # HINT: bad words (apply_bad_words, only if some row has any; it reads the output
+        # HINT: tokens), min_tokens (every id in metadata.min_tokens_blocked[row] to -inf: it is
+        # HINT: where upstream's MinTokensLogitsProcessor runs, the first of the
+        # HINT: non-argmax-invariant processors), the other non-argmax-invariant processors
+        # HINT: (logit_bias, custom ones: processor.apply returns the logits), and last the
+        # HINT: penalties (apply_all_penalties, only when not metadata.no_penalties).
+        # HINT: The order matters: a repetition penalty scales a bias, a bias may lift a
+        # HINT: token the allowed list dropped to -inf only to nowhere (-inf + bias is -inf).
         apply_allowed_token_ids(logits, metadata.allowed_token_ids_mask)
         if metadata.bad_words_token_ids:
             apply_bad_words(logits, metadata.bad_words_token_ids, metadata.output_token_ids)
@@ -104,6 +115,7 @@ class Sampler(nn.Module):
                 metadata.repetition_penalties,
                 metadata.output_token_ids,
             )
+        # END LAB 06.4
         return logits
 
     def sample(
@@ -120,6 +132,16 @@ class Sampler(nn.Module):
                 elif self.logprobs_mode == "processed_logprobs":
                     processed = logits.log_softmax(dim=-1, dtype=torch.float32)  # [B, V]
             return greedy, processed
+        # BEGIN LAB 06.4: the random rows: temperature, min_p, top-k / top-p, the draw
+        # HINT: receives logits (after apply_logits_processors) and greedy (each row's argmax
+        # HINT: of those, or None when every row is random); returns (tokens int64 [B], what
+        # HINT: self.topk_topp_sampler returned beside its tokens).
+        # HINT: Divide every row by its temperature, in place; when some rows are greedy
+        # HINT: (not metadata.all_random) their temperature 0 must not divide: use 1 for any
+        # HINT: temperature < _SAMPLING_EPS. Then the argmax-invariant processors (min_p: it
+        # HINT: sees the temperature-scaled distribution), then self.topk_topp_sampler(logits,
+        # HINT: metadata.generators, metadata.top_k, metadata.top_p). A greedy row keeps its
+        # HINT: greedy token (torch.where on metadata.temperature < _SAMPLING_EPS).
         temperature = metadata.temperature
         if not metadata.all_random:
             temperature = torch.where(temperature < _SAMPLING_EPS, 1.0, temperature)  # [B]
@@ -132,6 +154,7 @@ class Sampler(nn.Module):
         if greedy is None:
             return random, processed
         return torch.where(metadata.temperature < _SAMPLING_EPS, greedy, random), processed
+        # END LAB 06.4
 
     @staticmethod
     def gather_logprobs(logprobs: torch.Tensor, num: int, sampled: torch.Tensor):

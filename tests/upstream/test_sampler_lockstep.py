@@ -23,18 +23,21 @@ the path mini mirrors. MINI_VLLM_SAMPLING_EXAMPLES sets the number of cases
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from mini_vllm.config import LOGPROBS_MODES
+from mini_vllm.oracle.sampler_workload import (
+    describe,
+    first_row_difference,
+    mini_batch,
+    sampler_cases,
+    upstream_batch,
+    upstream_sampling,
+)
 from mini_vllm.sample.sampler import Sampler
 from mini_vllm.sampling_params import SamplingParams
-from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
-from mini_vllm.worker.gpu_model_runner import build_logitsprocs
 
 pytestmark = pytest.mark.upstream
 
@@ -45,136 +48,11 @@ SETTINGS = settings(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-EOS = 1
-MAX_REQS = 8
-CONFIG = SimpleNamespace(
-    scheduler_config=SimpleNamespace(max_num_seqs=MAX_REQS),
-    model_config=SimpleNamespace(logits_processors=None),
-)
-CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def up():
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    import vllm.v1.sample.ops.penalties as penalties
-    from vllm.sampling_params import SamplingParams as UpSamplingParams
-    from vllm.v1.sample import logits_processor
-    from vllm.v1.sample.sampler import Sampler as UpSampler
-    from vllm.v1.worker import gpu_input_batch
-
-    patch = pytest.MonkeyPatch()
-    patch.setattr(penalties, "is_pin_memory_available", lambda: False)
-    yield SimpleNamespace(
-        SamplingParams=UpSamplingParams,
-        Sampler=UpSampler,
-        lp=logits_processor,
-        batch=gpu_input_batch,
-    )
-    patch.undo()
-
-
-@st.composite
-def requests(draw, vocab):
-    ids = st.integers(0, vocab - 1)
-    temperature = draw(st.sampled_from([0.0, 0.0, 0.005, 0.5, 1.0, 1.7]))
-    params = {
-        "temperature": temperature,
-        "top_k": draw(st.sampled_from([0, 0, 1, 2, vocab // 2, vocab - 1, vocab])),
-        "top_p": draw(st.sampled_from([1.0, 1.0, 0.2, 0.5, 0.9])),
-        "min_p": draw(st.sampled_from([0.0, 0.05, 0.3, 0.6])),
-        "presence_penalty": draw(st.sampled_from([0.0, 0.0, -1.0, 0.5, 2.0])),
-        "frequency_penalty": draw(st.sampled_from([0.0, 0.0, -0.5, 1.0])),
-        "repetition_penalty": draw(st.sampled_from([1.0, 0.7, 1.3, 2.0])),
-        "logit_bias": draw(
-            st.none() | st.dictionaries(ids, st.sampled_from([-100.0, -2.5, 3.0, 100.0]))
-        )
-        or None,
-        "allowed_token_ids": draw(st.none() | st.lists(ids, min_size=1, max_size=vocab)),
-        "min_tokens": draw(st.sampled_from([0, 0, 2, 5])),
-        "max_tokens": 16,
-        "seed": draw(st.none() | st.integers(0, 2**31)),
-        "logprobs": draw(st.sampled_from([None, None, 0, 1, 3])),
-        "ignore_eos": draw(st.booleans()),
-        "stop_token_ids": draw(st.lists(ids, max_size=2)),
-    }
-    bad_words = draw(st.lists(st.lists(ids, min_size=1, max_size=3), max_size=3))
-    prompt = draw(st.lists(ids, min_size=1, max_size=6))
-    output = draw(st.lists(ids, max_size=6))
-    return params, bad_words, prompt, output
-
-
-@st.composite
-def cases(draw):
-    vocab = draw(st.integers(6, 20))
-    rows = draw(st.lists(requests(vocab), min_size=2, max_size=MAX_REQS))
-    removed = draw(st.sets(st.integers(0, len(rows) - 1), max_size=len(rows) - 1))
-    values = st.one_of(st.sampled_from([-2.0, 0.0, 1.0, 1.0, 3.0]), st.floats(-6, 6, width=32))
-    logits = draw(st.lists(values, min_size=vocab * MAX_REQS, max_size=vocab * MAX_REQS))
-    mode = draw(st.sampled_from(LOGPROBS_MODES))
-    return vocab, rows, sorted(removed), torch.tensor(logits).view(MAX_REQS, vocab), mode
-
-
-def _generator(params: dict) -> torch.Generator | None:
-    if params["seed"] is None or params["temperature"] < 1e-5:
-        return None
-    return torch.Generator().manual_seed(params["seed"])
-
-
-def _mini_side(vocab, rows, removed):
-    batch = InputBatch(MAX_REQS, 64, 64, CPU, False, vocab, [16], build_logitsprocs(CONFIG, CPU))
-    for i, (params, bad_words, prompt, output) in enumerate(rows):
-        sp = SamplingParams(**params)
-        sp.update_from_generation_config({}, EOS)
-        sp._bad_words_token_ids = [list(w) for w in bad_words] or None
-        request = CachedRequestState(
-            f"r{i}", list(prompt), sp, _generator(params), ([],), len(prompt), list(output)
-        )
-        batch.add_request(request)
-    for i in removed:
-        batch.remove_request(f"r{i}")
-    batch.condense()
-    batch.refresh_metadata()
-    return batch
-
-
-def _upstream_side(up, vocab, rows, removed):
-    procs = [
-        getattr(up.lp, name)(CONFIG, CPU, False)
-        for name in ("MinTokensLogitsProcessor", "LogitBiasLogitsProcessor", "MinPLogitsProcessor")
-    ]
-    batch = up.batch.InputBatch(
-        max_num_reqs=MAX_REQS,
-        max_model_len=64,
-        max_num_batched_tokens=64,
-        device=CPU,
-        pin_memory=False,
-        vocab_size=vocab,
-        block_sizes=[16],
-        kernel_block_sizes=[16],
-        logitsprocs=up.lp.LogitsProcessors(procs),
-    )
-    for i, (params, bad_words, prompt, output) in enumerate(rows):
-        sp = up.SamplingParams(**params)
-        sp.update_from_generation_config({}, EOS)
-        if bad_words:
-            sp._bad_words_token_ids = [list(w) for w in bad_words]
-        request = up.batch.CachedRequestState(
-            req_id=f"r{i}",
-            prompt_token_ids=list(prompt),
-            mm_features=[],
-            sampling_params=sp,
-            generator=_generator(params),
-            block_ids=([],),
-            num_computed_tokens=len(prompt),
-            output_token_ids=list(output),
-        )
-        batch.add_request(request)
-    for i in removed:
-        batch.remove_request(f"r{i}")
-    batch.condense()
-    batch.refresh_metadata()
-    return batch
+    return upstream_sampling()
 
 
 def _tensor(value):
@@ -217,22 +95,14 @@ def _recording(call, record: list):
     return run
 
 
-def _diff(got: torch.Tensor, want: torch.Tensor) -> str | None:
-    for row in range(want.shape[0]):
-        if not torch.equal(got[row], want[row]):
-            return f"row {row}:\n mini     {got[row].tolist()}\n upstream {want[row].tolist()}"
-    return None
-
-
 @SETTINGS
-@given(case=cases())
+@given(case=sampler_cases())
 def test_sampler_matches_upstream_on_mixed_batches(up, case):
-    vocab, rows, removed, all_logits, mode = case
-    mini, upstream = _mini_side(vocab, rows, removed), _upstream_side(up, vocab, rows, removed)
+    mini, upstream = mini_batch(case), upstream_batch(up, case)
     assert mini.req_ids == upstream.req_ids
-    n = mini.num_reqs
-    logits = all_logits[:n].clone()
-    where = f"logprobs_mode {mode}, rows {[rows[int(r[1:])] for r in mini.req_ids]}"
+    n, mode = mini.num_reqs, case.logprobs_mode
+    logits = case.logits[:n].clone()
+    where = describe(case, mini.req_ids)
 
     meta = mini.sampling_metadata
     mine = _metadata_fields(meta, n, meta.all_greedy)
@@ -241,7 +111,7 @@ def test_sampler_matches_upstream_on_mixed_batches(up, case):
 
     got = Sampler.apply_logits_processors(logits.clone(), mini.sampling_metadata)
     want = up.Sampler().apply_logits_processors(logits.clone(), upstream.sampling_metadata, False)
-    diff = _diff(got, want)
+    diff = first_row_difference(got, want)
     assert diff is None, f"processed logits differ at {diff}\n{where}"
 
     for seed in (0, 1):
@@ -257,7 +127,7 @@ def test_sampler_matches_upstream_on_mixed_batches(up, case):
         # What reaches top-k / top-p: after temperature and min_p (random rows only).
         assert len(mini_seen) == len(up_seen), where
         for got_seen, want_seen in zip(mini_seen, up_seen, strict=True):
-            diff = _diff(got_seen, want_seen)
+            diff = first_row_difference(got_seen, want_seen)
             assert diff is None, f"logits entering top-k/top-p differ at {diff}\n{where}"
         want_tokens = up_out.sampled_token_ids.view(-1).tolist()
         assert out.sampled_token_ids.tolist() == want_tokens, f"seed {seed}\n{where}"
