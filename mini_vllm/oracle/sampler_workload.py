@@ -214,7 +214,7 @@ class UpdateStep:
     removed: list[int]
     added: list[tuple[int, dict, list[int], int]]  # (row, params, prompt, request number)
     moved: list[tuple[int, int, str]]  # (a, b, "swap" | "move")
-    sampled: list[tuple[int, int]]  # (row, token) appended to outputs after the step
+    sampled: list[tuple[int, int]]  # (request number, token) appended to its output after the step
 
 
 @st.composite
@@ -277,7 +277,7 @@ def update_steps(draw, vocab: int = 12, max_reqs: int = 6, max_steps: int = 8):
             if a != b:
                 rows[a], rows[b] = rows[b], rows[a]
                 moved.append((a, b, "swap"))
-        sampled = [(row, draw(ids)) for row in range(size) if draw(st.booleans())]
+        sampled = [(rows[row], draw(ids)) for row in range(size) if draw(st.booleans())]
         steps.append(UpdateStep(size, removed, added, moved, sampled))
     return steps
 
