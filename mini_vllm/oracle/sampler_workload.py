@@ -122,7 +122,7 @@ def sampler_cases(draw, logprobs_modes=LOGPROBS_MODES):
 
 def generator_of(params: dict) -> torch.Generator | None:
     """The runner's generator: only a random request with a seed gets one."""
-    if params["seed"] is None or params["temperature"] < 1e-5:
+    if params.get("seed") is None or params.get("temperature", 1.0) < 1e-5:
         return None
     return torch.Generator().manual_seed(params["seed"])
 
