@@ -7,7 +7,7 @@ Mirrors upstream ``vllm/v1/sample/sampler.py`` (``Sampler`` :20,
 
 The order, as upstream:
 1. logprobs (if some row asked) of the *raw* logits, in the two raw modes
-   of ``logprobs_mode`` (``LogprobsMode``, vllm/config/model.py:98):
+   of ``logprobs_mode`` (upstream's literal type at vllm/config/model.py:98-100):
    ``raw_logprobs`` (upstream's default) their log-softmax, ``raw_logits``
    a float32 copy of the logits themselves;
 2. ``apply_logits_processors``: allowed_token_ids, bad words, then the
