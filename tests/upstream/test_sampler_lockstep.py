@@ -27,6 +27,7 @@ import os
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mini_vllm.oracle.sampler_workload import (
     describe,
@@ -179,3 +180,49 @@ def test_upstreams_other_sampling_fields_are_refused_by_name(up):
     for name in left_out:
         with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
             SamplingParams(**{name: None})
+
+
+# Per field: values upstream accepts, then values on the wrong side of its bounds.
+BOUNDS = {
+    "temperature": ([0.0, 1e-6, 0.005, 1.0], [-1e-6, -1.0]),
+    "top_p": ([1.0, 0.5, 1e-6], [0.0, -0.1, 1.0001]),
+    "top_k": ([0, -1, 1, 50], [-2]),
+    "min_p": ([0.0, 0.5, 1.0], [-0.01, 1.01]),
+    "presence_penalty": ([0.0, -2.0, 2.0], [-2.01, 2.01]),
+    "frequency_penalty": ([0.0, -2.0, 2.0], [-2.01, 2.01]),
+    "repetition_penalty": ([1.0, 1e-3, 2.0], [0.0, -1.0]),
+    "max_tokens": ([16, 1, None], [0, -1]),
+    "min_tokens": ([0, 1, 16], [17, -1]),
+    "logprobs": ([None, 0, 5, -1], [-2]),
+    "bad_words": ([None, ["a"]], [["a", ""]]),
+    "stop": ([None, "x"], [["x", ""]]),
+}
+
+
+@st.composite
+def sampling_kwargs(draw):
+    """Accepted values for every field but one, which takes any of its values."""
+    kwargs = {k: draw(st.sampled_from(good)) for k, (good, _) in BOUNDS.items()}
+    if kwargs["max_tokens"] is not None and kwargs["min_tokens"] > kwargs["max_tokens"]:
+        kwargs["min_tokens"] = 0
+    field = draw(st.sampled_from(sorted(BOUNDS)))
+    good, bad = BOUNDS[field]
+    kwargs[field] = draw(st.sampled_from(good + bad))
+    return kwargs
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(kwargs=sampling_kwargs())
+def test_sampling_params_refuse_exactly_what_upstream_refuses(up, kwargs):
+    """mini's ``SamplingParams`` raises ValueError exactly when upstream's raises
+    one (its ``VLLMValidationError`` is a ValueError), on values straddling
+    every bound of upstream's ``_verify_args`` (vllm/sampling_params.py:452)."""
+
+    def refused(cls) -> bool:
+        try:
+            cls(**kwargs)
+        except ValueError:
+            return True
+        return False
+
+    assert refused(SamplingParams) == refused(up.SamplingParams), kwargs
