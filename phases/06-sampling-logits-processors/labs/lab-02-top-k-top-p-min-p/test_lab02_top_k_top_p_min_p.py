@@ -111,6 +111,15 @@ def test_top_p_keeps_the_smallest_nucleus_reaching_p(impl):
             "reaches p (drop a token when the mass of it and everything less likely is "
             "<= 1 - p)."
         )
+    equal = torch.zeros(1, 4)  # probabilities exactly 0.25 each, sums exactly 0.25, 0.5, ...
+    for p in (0.5, 0.75):
+        got = top_k_top_p(impl, equal, p=[p])[0]
+        assert len(kept(got)) == round(4 * p), (
+            f"top_p={p} on four equal logits (probability exactly 0.25 each): kept {kept(got)}, "
+            f"want {round(4 * p)} tokens. The mass from the least likely up reaches exactly "
+            f"1 - p = {1 - p} at a boundary token: a token is dropped when that sum is <= 1 - p "
+            "(not < 1 - p), so the nucleus is exactly p."
+        )
     got = top_k_top_p(impl, ROW.view(1, V), p=[1e-6])[0]
     assert kept(got) == [0], f"top_p=1e-6: kept {kept(got)}; the most likely token always stays"
     got = top_k_top_p(impl, torch.stack([ROW, ROW]), p=[0.5, 1.0])[1]
