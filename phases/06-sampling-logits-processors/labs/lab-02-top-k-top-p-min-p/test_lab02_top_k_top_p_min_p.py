@@ -120,8 +120,12 @@ def test_top_p_keeps_the_smallest_nucleus_reaching_p(impl):
             f"1 - p = {1 - p} at a boundary token: a token is dropped when that sum is <= 1 - p "
             "(not < 1 - p), so the nucleus is exactly p."
         )
-    got = top_k_top_p(impl, ROW.view(1, V), p=[1e-6])[0]
-    assert kept(got) == [0], f"top_p=1e-6: kept {kept(got)}; the most likely token always stays"
+    for p in (1e-6, 1e-8):  # in float32, 1 - 1e-8 is 1.0: every cumulative sum is <= 1 - p
+        got = top_k_top_p(impl, ROW.view(1, V), p=[p])[0]
+        assert kept(got) == [0], (
+            f"top_p={p}: kept {kept(got)}; the most likely token always stays, even when its "
+            "cumulative sum (1.0, or a hair below) is <= 1 - p."
+        )
     got = top_k_top_p(impl, torch.stack([ROW, ROW]), p=[0.5, 1.0])[1]
     assert torch.equal(got, ROW), "a row with top_p = 1.0 ('off') must keep every token"
 
@@ -171,7 +175,7 @@ def masked_batches(draw):
     values = st.sampled_from([0.0, 1.0, 1.0, -1.0, 2.5]) | st.floats(-8, 8, width=32)
     logits = torch.tensor(draw(st.lists(values, min_size=rows * vocab, max_size=rows * vocab)))
     k = draw(st.none() | st.lists(st.integers(1, vocab), min_size=rows, max_size=rows))
-    ps = st.sampled_from([1.0, 0.05, 0.3, 0.5, 0.9, 0.99]) | st.floats(0.015625, 1.0, width=32)
+    ps = st.sampled_from([1.0, 1e-8, 0.05, 0.3, 0.5, 0.75, 0.9, 0.99]) | st.floats(0.015625, 1.0, width=32)
     p = draw(st.none() | st.lists(ps, min_size=rows, max_size=rows))
     min_ps = st.sampled_from([0.0, 0.05, 0.2, 0.5, 1.0])
     min_p = draw(st.lists(min_ps, min_size=rows, max_size=rows))
