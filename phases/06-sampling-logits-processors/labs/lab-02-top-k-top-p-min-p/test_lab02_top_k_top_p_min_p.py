@@ -175,7 +175,8 @@ def masked_batches(draw):
     values = st.sampled_from([0.0, 1.0, 1.0, -1.0, 2.5]) | st.floats(-8, 8, width=32)
     logits = torch.tensor(draw(st.lists(values, min_size=rows * vocab, max_size=rows * vocab)))
     k = draw(st.none() | st.lists(st.integers(1, vocab), min_size=rows, max_size=rows))
-    ps = st.sampled_from([1.0, 1e-8, 0.05, 0.3, 0.5, 0.75, 0.9, 0.99]) | st.floats(0.015625, 1.0, width=32)
+    edges = [1.0, 1e-8, 0.05, 0.3, 0.5, 0.75, 0.9, 0.99]
+    ps = st.sampled_from(edges) | st.floats(0.015625, 1.0, width=32)
     p = draw(st.none() | st.lists(ps, min_size=rows, max_size=rows))
     min_ps = st.sampled_from([0.0, 0.05, 0.2, 0.5, 1.0])
     min_p = draw(st.lists(min_ps, min_size=rows, max_size=rows))
