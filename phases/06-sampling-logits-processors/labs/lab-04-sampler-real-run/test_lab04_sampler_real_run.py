@@ -120,7 +120,14 @@ def test_temperature_before_min_p_and_greedy_rows_stay_greedy(impl):
         torch.tensor([[0.0, 3.0, 1.0, 0.0, 0.0, 0.0], [5.0, 0.0, 0.0, 0.0, 0.0, 0.0]]),
     )
     meta = mini_batch(case).sampling_metadata
-    tokens, _ = written(impl.sampler.Sampler().sample, case.logits.clone(), meta)
+    tokens, processed = written(
+        impl.sampler.Sampler("processed_logits").sample, case.logits.clone(), meta
+    )
+    assert torch.equal(processed[0], case.logits[0]), (
+        f"The greedy row's logits after sample() are {processed[0].tolist()}, want "
+        f"{case.logits[0].tolist()}: beside random rows a greedy row (temperature 0) is divided "
+        "by 1, never by its temperature (0 would give inf and nan)."
+    )
     assert tokens.tolist() == [1, 0], (
         f"A greedy row (temperature 0) beside a random one (top_k 1): got tokens "
         f"{tokens.tolist()}, want [1, 0]. The greedy row takes its argmax; its temperature 0 "
