@@ -6,8 +6,10 @@ Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 ``DeviceConfig`` (config/device.py), ``AttentionConfig``
 (config/attention.py) and ``VllmConfig`` (config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
-path, dtype, seed and ``max_logprobs``; its ``verify_max_model_len`` is the
-check at the end of upstream's ``_get_and_verify_max_len`` (config/model.py:2119).
+path, dtype, seed, ``max_logprobs``, ``logits_processors`` and ``logprobs_mode``
+(upstream checks its four values with pydantic; mini with
+``verify_logprobs_mode``); its ``verify_max_model_len`` is the check at
+the end of upstream's ``_get_and_verify_max_len`` (config/model.py:2119).
 Left out: parallelism, LoRA, speculative decoding,
 KV transfer, compilation, observability, partial-prefill limits.
 """
@@ -15,6 +17,15 @@ KV transfer, compilation, observability, partial-prefill limits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+# Upstream's LogprobsMode (vllm/config/model.py:98): what a returned logprob holds.
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+
+
+def verify_logprobs_mode(mode: str) -> None:
+    """A ValueError naming the field unless ``mode`` is one of upstream's four."""
+    if mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {mode!r}.")
 
 
 @dataclass
@@ -96,8 +107,12 @@ class ModelConfig:
     # Custom logits processor classes, run after the built-ins (upstream's
     # field also takes qualified names; mini_vllm takes classes only).
     logits_processors: list[type] | None = None
+    # What logprobs hold (upstream's LogprobsMode, vllm/config/model.py:98):
+    # raw_logprobs (the default), raw_logits, processed_logprobs, processed_logits.
+    logprobs_mode: str = "raw_logprobs"
 
     def verify(self) -> None:
+        verify_logprobs_mode(self.logprobs_mode)
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}.")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):

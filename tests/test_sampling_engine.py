@@ -281,6 +281,37 @@ def test_each_request_gets_its_own_number_of_logprobs(llm):
     assert zero.token_ids == two.token_ids == full.token_ids == none.token_ids
 
 
+@torch.no_grad()
+def test_logprobs_mode_picks_what_the_logprobs_hold(tiny_qwen3):
+    """LLM(logprobs_mode=...) as upstream's engine argument: raw_logits reports
+    the model's logits, processed_logprobs the log-softmax of what the draw
+    used (here top_k=2: two finite entries summing to probability 1). The
+    mode changes what is reported, never which tokens are drawn."""
+    prompt = prompts_of(1, seed=9)[0]
+    params = SamplingParams(seed=3, top_k=2, logprobs=1, **dict(RANDOM, max_tokens=4))
+    outs = {}
+    for mode in ("raw_logits", "processed_logprobs"):
+        engine = LLM(
+            tiny_qwen3[0], max_model_len=128, kv_cache_memory_bytes=8 << 20, logprobs_mode=mode
+        )
+        outs[mode] = generate(engine, [prompt], params)[0]
+    raw, processed = outs["raw_logits"], outs["processed_logprobs"]
+    assert raw.token_ids == processed.token_ids
+    logits = tiny_qwen3[1](torch.tensor([prompt + raw.token_ids])).logits[0, len(prompt) - 1 : -1]
+    for i, tok in enumerate(raw.token_ids):
+        for t, value in raw.logprobs[i].items():
+            assert value == pytest.approx(float(logits[i, t]), abs=1e-4), ("raw_logits", i, t)
+        top2 = logits[i].topk(2)
+        want = dict(zip(top2.indices.tolist(), top2.values.log_softmax(-1).tolist(), strict=True))
+        assert tok in want, (i, tok, want)  # top_k=2 drew from the top two
+        assert processed.logprobs[i][tok] == pytest.approx(want[tok], abs=1e-4), i
+
+
+def test_an_unknown_logprobs_mode_is_refused_before_loading():
+    with pytest.raises(ValueError, match="^logprobs_mode must be one of raw_logprobs, raw_logits"):
+        LLM("/no/such/model", logprobs_mode="logprobs")
+
+
 # ------------------------------------------------------- detokenization
 
 

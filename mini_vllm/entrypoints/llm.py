@@ -35,6 +35,7 @@ from mini_vllm.config import (
     ModelConfig,
     SchedulerConfig,
     VllmConfig,
+    verify_logprobs_mode,
 )
 from mini_vllm.engine.llm_engine import LLMEngine, resolve_device, resolve_dtype
 from mini_vllm.outputs import RequestOutput
@@ -79,9 +80,11 @@ class LLM:
         seed: int = 0,
         max_logprobs: int = 20,
         logits_processors: list[type] | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         from mini_vllm.model_executor.model_loader import load_model
 
+        verify_logprobs_mode(logprobs_mode)  # before minutes of loading, not after
         torch_device = resolve_device(device)
         loaded = load_model(model, device=torch_device, dtype=resolve_dtype(dtype, torch_device))
         if max_model_len is None:
@@ -108,6 +111,7 @@ class LLM:
                 seed=seed,
                 max_logprobs=max_logprobs,
                 logits_processors=logits_processors,
+                logprobs_mode=logprobs_mode,
             ),
             cache_config=CacheConfig(
                 block_size=block_size,

@@ -106,6 +106,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "points(n): what the test is worth")
     config.addinivalue_line("markers", "timeout(seconds): fail the test after this long")
     config.addinivalue_line("markers", "phase: checks the whole phase with all your labs at once")
+    config.addinivalue_line("markers", "upstream: drives the pinned upstream vLLM")
     config._grading = {"by_id": {}, "hung": {}, "hung_tests": {}}
     events = config.getoption("--grading-events")
     if events and hasattr(signal, "SIGTERM"):

@@ -103,7 +103,7 @@ class GPUModelRunner:
             block_sizes=[self.block_size],
             logitsprocs=build_logitsprocs(vllm_config, self.device),
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler(vllm_config.model_config.logprobs_mode)
 
         # Buffers at their largest size, reused every step (their device
         # addresses never change, which CUDA graphs will need).

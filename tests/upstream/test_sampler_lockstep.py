@@ -9,7 +9,9 @@ Hypothesis generates batches mixing every parameter mini_vllm supports
 allowed_token_ids, bad words, min_tokens, seeds, logprobs) over prompts and
 outputs; from the same logits and the same global seed the two sides must
 give bit-identical processed logits (``apply_logits_processors``), the same
-tokens, and the same logprobs, ids and ranks. Upstream's batch gets its
+tokens, and the same logprobs, ids and ranks, in each of upstream's four
+``logprobs_mode``s (raw or processed, logits or logprobs; both samplers are
+built with the case's mode). Upstream's batch gets its
 built-in processors (min_tokens, logit_bias, min_p); mini's gets the
 runner's ``build_logitsprocs``. The penalties module's
 ``is_pin_memory_available`` returns False (no CUDA here). The upstream
@@ -21,17 +23,22 @@ the path mini mirrors. MINI_VLLM_SAMPLING_EXAMPLES sets the number of cases
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mini_vllm.oracle.sampler_workload import (
+    describe,
+    first_row_difference,
+    mini_batch,
+    sampler_cases,
+    upstream_batch,
+    upstream_sampling,
+)
 from mini_vllm.sample.sampler import Sampler
 from mini_vllm.sampling_params import SamplingParams
-from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
-from mini_vllm.worker.gpu_model_runner import build_logitsprocs
 
 pytestmark = pytest.mark.upstream
 
@@ -42,135 +49,11 @@ SETTINGS = settings(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-EOS = 1
-MAX_REQS = 8
-CONFIG = SimpleNamespace(
-    scheduler_config=SimpleNamespace(max_num_seqs=MAX_REQS),
-    model_config=SimpleNamespace(logits_processors=None),
-)
-CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def up():
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    import vllm.v1.sample.ops.penalties as penalties
-    from vllm.sampling_params import SamplingParams as UpSamplingParams
-    from vllm.v1.sample import logits_processor
-    from vllm.v1.sample.sampler import Sampler as UpSampler
-    from vllm.v1.worker import gpu_input_batch
-
-    patch = pytest.MonkeyPatch()
-    patch.setattr(penalties, "is_pin_memory_available", lambda: False)
-    yield SimpleNamespace(
-        SamplingParams=UpSamplingParams,
-        Sampler=UpSampler,
-        lp=logits_processor,
-        batch=gpu_input_batch,
-    )
-    patch.undo()
-
-
-@st.composite
-def requests(draw, vocab):
-    ids = st.integers(0, vocab - 1)
-    temperature = draw(st.sampled_from([0.0, 0.0, 0.005, 0.5, 1.0, 1.7]))
-    params = {
-        "temperature": temperature,
-        "top_k": draw(st.sampled_from([0, 0, 1, 2, vocab // 2, vocab - 1, vocab])),
-        "top_p": draw(st.sampled_from([1.0, 1.0, 0.2, 0.5, 0.9])),
-        "min_p": draw(st.sampled_from([0.0, 0.05, 0.3, 0.6])),
-        "presence_penalty": draw(st.sampled_from([0.0, 0.0, -1.0, 0.5, 2.0])),
-        "frequency_penalty": draw(st.sampled_from([0.0, 0.0, -0.5, 1.0])),
-        "repetition_penalty": draw(st.sampled_from([1.0, 0.7, 1.3, 2.0])),
-        "logit_bias": draw(
-            st.none() | st.dictionaries(ids, st.sampled_from([-100.0, -2.5, 3.0, 100.0]))
-        )
-        or None,
-        "allowed_token_ids": draw(st.none() | st.lists(ids, min_size=1, max_size=vocab)),
-        "min_tokens": draw(st.sampled_from([0, 0, 2, 5])),
-        "max_tokens": 16,
-        "seed": draw(st.none() | st.integers(0, 2**31)),
-        "logprobs": draw(st.sampled_from([None, None, 0, 1, 3])),
-        "ignore_eos": draw(st.booleans()),
-        "stop_token_ids": draw(st.lists(ids, max_size=2)),
-    }
-    bad_words = draw(st.lists(st.lists(ids, min_size=1, max_size=3), max_size=3))
-    prompt = draw(st.lists(ids, min_size=1, max_size=6))
-    output = draw(st.lists(ids, max_size=6))
-    return params, bad_words, prompt, output
-
-
-@st.composite
-def cases(draw):
-    vocab = draw(st.integers(6, 20))
-    rows = draw(st.lists(requests(vocab), min_size=2, max_size=MAX_REQS))
-    removed = draw(st.sets(st.integers(0, len(rows) - 1), max_size=len(rows) - 1))
-    values = st.one_of(st.sampled_from([-2.0, 0.0, 1.0, 1.0, 3.0]), st.floats(-6, 6, width=32))
-    logits = draw(st.lists(values, min_size=vocab * MAX_REQS, max_size=vocab * MAX_REQS))
-    return vocab, rows, sorted(removed), torch.tensor(logits).view(MAX_REQS, vocab)
-
-
-def _generator(params: dict) -> torch.Generator | None:
-    if params["seed"] is None or params["temperature"] < 1e-5:
-        return None
-    return torch.Generator().manual_seed(params["seed"])
-
-
-def _mini_side(vocab, rows, removed):
-    batch = InputBatch(MAX_REQS, 64, 64, CPU, False, vocab, [16], build_logitsprocs(CONFIG, CPU))
-    for i, (params, bad_words, prompt, output) in enumerate(rows):
-        sp = SamplingParams(**params)
-        sp.update_from_generation_config({}, EOS)
-        sp._bad_words_token_ids = [list(w) for w in bad_words] or None
-        request = CachedRequestState(
-            f"r{i}", list(prompt), sp, _generator(params), ([],), len(prompt), list(output)
-        )
-        batch.add_request(request)
-    for i in removed:
-        batch.remove_request(f"r{i}")
-    batch.condense()
-    batch.refresh_metadata()
-    return batch
-
-
-def _upstream_side(up, vocab, rows, removed):
-    procs = [
-        getattr(up.lp, name)(CONFIG, CPU, False)
-        for name in ("MinTokensLogitsProcessor", "LogitBiasLogitsProcessor", "MinPLogitsProcessor")
-    ]
-    batch = up.batch.InputBatch(
-        max_num_reqs=MAX_REQS,
-        max_model_len=64,
-        max_num_batched_tokens=64,
-        device=CPU,
-        pin_memory=False,
-        vocab_size=vocab,
-        block_sizes=[16],
-        kernel_block_sizes=[16],
-        logitsprocs=up.lp.LogitsProcessors(procs),
-    )
-    for i, (params, bad_words, prompt, output) in enumerate(rows):
-        sp = up.SamplingParams(**params)
-        sp.update_from_generation_config({}, EOS)
-        if bad_words:
-            sp._bad_words_token_ids = [list(w) for w in bad_words]
-        request = up.batch.CachedRequestState(
-            req_id=f"r{i}",
-            prompt_token_ids=list(prompt),
-            mm_features=[],
-            sampling_params=sp,
-            generator=_generator(params),
-            block_ids=([],),
-            num_computed_tokens=len(prompt),
-            output_token_ids=list(output),
-        )
-        batch.add_request(request)
-    for i in removed:
-        batch.remove_request(f"r{i}")
-    batch.condense()
-    batch.refresh_metadata()
-    return batch
+    return upstream_sampling()
 
 
 def _tensor(value):
@@ -213,22 +96,14 @@ def _recording(call, record: list):
     return run
 
 
-def _diff(got: torch.Tensor, want: torch.Tensor) -> str | None:
-    for row in range(want.shape[0]):
-        if not torch.equal(got[row], want[row]):
-            return f"row {row}:\n mini     {got[row].tolist()}\n upstream {want[row].tolist()}"
-    return None
-
-
 @SETTINGS
-@given(case=cases())
+@given(case=sampler_cases())
 def test_sampler_matches_upstream_on_mixed_batches(up, case):
-    vocab, rows, removed, all_logits = case
-    mini, upstream = _mini_side(vocab, rows, removed), _upstream_side(up, vocab, rows, removed)
+    mini, upstream = mini_batch(case), upstream_batch(up, case)
     assert mini.req_ids == upstream.req_ids
-    n = mini.num_reqs
-    logits = all_logits[:n].clone()
-    where = f"rows {[rows[int(r[1:])] for r in mini.req_ids]}"
+    n, mode = mini.num_reqs, case.logprobs_mode
+    logits = case.logits[:n].clone()
+    where = describe(case, mini.req_ids)
 
     meta = mini.sampling_metadata
     mine = _metadata_fields(meta, n, meta.all_greedy)
@@ -237,12 +112,12 @@ def test_sampler_matches_upstream_on_mixed_batches(up, case):
 
     got = Sampler.apply_logits_processors(logits.clone(), mini.sampling_metadata)
     want = up.Sampler().apply_logits_processors(logits.clone(), upstream.sampling_metadata, False)
-    diff = _diff(got, want)
+    diff = first_row_difference(got, want)
     assert diff is None, f"processed logits differ at {diff}\n{where}"
 
     for seed in (0, 1):
         mini_seen, up_seen = [], []
-        mini_sampler, up_sampler = Sampler(), up.Sampler()
+        mini_sampler, up_sampler = Sampler(mode), up.Sampler(mode)
         mini_sampler.topk_topp_sampler = _recording(mini_sampler.topk_topp_sampler, mini_seen)
         forward = up_sampler.topk_topp_sampler.forward
         up_sampler.topk_topp_sampler.forward = _recording(forward, up_seen)
@@ -253,7 +128,7 @@ def test_sampler_matches_upstream_on_mixed_batches(up, case):
         # What reaches top-k / top-p: after temperature and min_p (random rows only).
         assert len(mini_seen) == len(up_seen), where
         for got_seen, want_seen in zip(mini_seen, up_seen, strict=True):
-            diff = _diff(got_seen, want_seen)
+            diff = first_row_difference(got_seen, want_seen)
             assert diff is None, f"logits entering top-k/top-p differ at {diff}\n{where}"
         want_tokens = up_out.sampled_token_ids.view(-1).tolist()
         assert out.sampled_token_ids.tolist() == want_tokens, f"seed {seed}\n{where}"
@@ -263,7 +138,11 @@ def test_sampler_matches_upstream_on_mixed_batches(up, case):
             continue
         for row, (ids, vals, rank) in enumerate(out.logprobs):
             assert ids == lp.logprob_token_ids[row].tolist(), (row, where)
-            assert vals == lp.logprobs[row].tolist(), (row, where)
+            # A row whose every token is masked has NaN logprobs in the processed modes.
+            vals, want_vals = torch.tensor(vals), lp.logprobs[row]
+            assert torch.equal(vals.nan_to_num(nan=7.0), want_vals.nan_to_num(nan=7.0)), (
+                f"row {row} logprobs: mini {vals.tolist()} upstream {want_vals.tolist()}\n{where}"
+            )
             assert rank == int(lp.selected_token_ranks[row]), (row, where)
 
 
@@ -284,3 +163,66 @@ def test_bad_words_become_the_same_token_ids_as_upstream(up, words):
     theirs = up.SamplingParams(bad_words=words)
     theirs.update_from_tokenizer(get_cached_tokenizer(tokenizer))
     assert mini.bad_words_token_ids == theirs.bad_words_token_ids
+
+
+def test_upstreams_other_sampling_fields_are_refused_by_name(up):
+    """Every field of upstream's ``SamplingParams`` that mini_vllm leaves out
+    (``n``, ``prompt_logprobs``, ``structured_outputs``, ...) is refused with
+    an error naming it, never silently ignored; and mini has no field
+    upstream lacks."""
+    import dataclasses
+
+    mini_fields = {f.name for f in dataclasses.fields(SamplingParams)}
+    theirs = set(up.SamplingParams.__struct_fields__)
+    assert mini_fields <= theirs, sorted(mini_fields - theirs)
+    left_out = sorted(theirs - mini_fields)
+    assert "n" in left_out and "prompt_logprobs" in left_out, left_out
+    for name in left_out:
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+            SamplingParams(**{name: None})
+
+
+# Per field: values upstream accepts, then values on the wrong side of its bounds.
+BOUNDS = {
+    "temperature": ([0.0, 1e-6, 0.005, 1.0], [-1e-6, -1.0]),
+    "top_p": ([1.0, 0.5, 1e-6], [0.0, -0.1, 1.0001]),
+    "top_k": ([0, -1, 1, 50], [-2]),
+    "min_p": ([0.0, 0.5, 1.0], [-0.01, 1.01]),
+    "presence_penalty": ([0.0, -2.0, 2.0], [-2.01, 2.01]),
+    "frequency_penalty": ([0.0, -2.0, 2.0], [-2.01, 2.01]),
+    "repetition_penalty": ([1.0, 1e-3, 2.0], [0.0, -1.0]),
+    "max_tokens": ([16, 1, None], [0, -1]),
+    "min_tokens": ([0, 1, 16], [17, -1]),
+    "logprobs": ([None, 0, 5, -1], [-2]),
+    "bad_words": ([None, ["a"]], [["a", ""]]),
+    "stop": ([None, "x"], [["x", ""]]),
+}
+
+
+@st.composite
+def sampling_kwargs(draw):
+    """Accepted values for every field but one, which takes any of its values."""
+    kwargs = {k: draw(st.sampled_from(good)) for k, (good, _) in BOUNDS.items()}
+    if kwargs["max_tokens"] is not None and kwargs["min_tokens"] > kwargs["max_tokens"]:
+        kwargs["min_tokens"] = 0
+    field = draw(st.sampled_from(sorted(BOUNDS)))
+    good, bad = BOUNDS[field]
+    kwargs[field] = draw(st.sampled_from(good + bad))
+    return kwargs
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(kwargs=sampling_kwargs())
+def test_sampling_params_refuse_exactly_what_upstream_refuses(up, kwargs):
+    """mini's ``SamplingParams`` raises ValueError exactly when upstream's raises
+    one (its ``VLLMValidationError`` is a ValueError), on values straddling
+    every bound of upstream's ``_verify_args`` (vllm/sampling_params.py:452)."""
+
+    def refused(cls) -> bool:
+        try:
+            cls(**kwargs)
+        except ValueError:
+            return True
+        return False
+
+    assert refused(SamplingParams) == refused(up.SamplingParams), kwargs

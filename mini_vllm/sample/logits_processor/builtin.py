@@ -69,7 +69,15 @@ class MinPLogitsProcessor(LogitsProcessor):
                 needs_update = True
                 self.min_p_cpu[index] = new
                 self.min_p_count += bool(new) - bool(old)
-        # With no row using min_p every slot is 0: removals and moves change nothing.
+        # BEGIN LAB 06.3: min_p's dense row array through removals and moves
+        # HINT: receives batch_update (its added rows already written) and needs_update; leaves
+        # HINT: needs_update True if the rows 0 .. batch_size - 1 of self.min_p_cpu changed, and
+        # HINT: self.min_p_cpu / self.min_p_count following the batch: a removed row's slot is
+        # HINT: 0; a SWAP exchanges a's and b's values; an UNIDIRECTIONAL move puts a's value
+        # HINT: in b and leaves a at 0, and b's old value is gone for good (count it out).
+        # HINT: self.min_p_count is the number of rows whose min_p is not 0. With it at 0
+        # HINT: every slot is 0 already: removals and moves change nothing (upstream skips them).
+        # HINT: Upstream marks any step with removals as changed, even if the slots were 0.
         if self.min_p_count:
             if batch_update.removed:
                 needs_update = True
@@ -90,6 +98,7 @@ class MinPLogitsProcessor(LogitsProcessor):
                         self.min_p_cpu[a] = 0
                     if min_p_b:
                         self.min_p_count -= 1
+        # END LAB 06.3
         size = batch_update.batch_size
         if self.min_p_count and (needs_update or self.min_p.shape[0] != size):
             # On a CPU this is a view of the array, on a GPU a copy.
@@ -98,9 +107,16 @@ class MinPLogitsProcessor(LogitsProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.min_p_count:
             return logits
+        # BEGIN LAB 06.2: min_p: drop what is less likely than min_p times the row's best
+        # HINT: receives logits float32 [B, V] (already divided by the temperature) and
+        # HINT: self.min_p, float32 [B, 1] (0 for rows without min_p); leaves every token whose
+        # HINT: probability (softmax of the row) is strictly below min_p * the row's largest
+        # HINT: probability set to -inf, in place. A token exactly at the threshold stays.
         probs = logits.softmax(dim=-1)  # float32 [B, V]
         threshold = probs.amax(dim=-1, keepdim=True).mul_(self.min_p)  # float32 [B, 1]
-        return logits.masked_fill_(probs < threshold, float("-inf"))
+        logits.masked_fill_(probs < threshold, float("-inf"))
+        # END LAB 06.2
+        return logits
 
 
 class LogitBiasLogitsProcessor(LogitsProcessor):
@@ -131,8 +147,15 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         return torch.tensor(data, dtype=torch.int64).to(self.device)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Add each biased row's ``{token id: bias}`` to its logits, in place."""
+        # BEGIN LAB 06.1: add each row's biases to its logits, in place
+        # HINT: receives logits float32 [B, V]; leaves each biased logit raised by its bias.
+        # HINT: update_state already laid the biases out flat: self.logits_slice is (rows, token
+        # HINT: ids), int64 [N] each, and self.bias_tensor float32 [N] in the same order; with no
+        # HINT: biased row (self.biases empty) the logits stay as they are.
         if self.biases:
             logits[self.logits_slice] += self.bias_tensor
+        # END LAB 06.1
         return logits
 
 
@@ -179,6 +202,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         return logits
 
 
+# BEGIN LAB 06.3: carry a row -> state dict through one BatchUpdate
 def process_dict_updates(
     req_entries: dict[int, T],
     batch_update: BatchUpdate | None,
@@ -189,6 +213,15 @@ def process_dict_updates(
     ``new_state(params, prompt ids, output ids)`` gives an added row's state,
     or None if the row needs none.
     """
+    # HINT: No update (None) changes nothing: return False. Otherwise, in upstream's order:
+    # HINT: 1. added (row, params, prompt ids, output ids): the row gets new_state(...); if
+    # HINT: that is None the row keeps NO entry (an older request's entry there must go).
+    # HINT: 2. removed rows lose their entry. 3. moved (a, b, direction), in list order: a's
+    # HINT: entry goes to b; a SWAP also brings b's entry to a; an UNIDIRECTIONAL move leaves a
+    # HINT: with nothing and drops what b held.
+    # HINT: Return True exactly when some entry was set, dropped or moved (the processors
+    # HINT: rebuild their tensors only then). Once the dict is empty, removals and moves
+    # HINT: cannot change it: upstream returns there.
     if not batch_update:
         return False
     updated = False
@@ -215,3 +248,6 @@ def process_dict_updates(
             if direction == MoveDirectionality.SWAP:
                 req_entries[a] = entry_b
     return updated
+
+
+# END LAB 06.3

@@ -95,6 +95,14 @@ def apply_penalties(
     the three penalties: float32 [B].
     """
     num_seqs, vocab_size = logits.shape
+    # BEGIN LAB 06.1: what each penalty reads: repetition prompt + output, the others output only
+    # HINT: receives logits float32 [B, V] and the two padded token tensors; leaves logits
+    # HINT: penalised in place, in upstream's order: repetition, then frequency, then presence.
+    # HINT: get_token_bin_counts_and_mask(tokens, vocab_size, num_seqs) gives (counts, mask),
+    # HINT: int64 and bool [B, V], the padding id vocab_size already dropped.
+    # HINT: apply_repetition_penalties takes the prompt's mask AND the output's mask; frequency
+    # HINT: subtracts penalty * (how often in the output); presence subtracts penalty once per
+    # HINT: token present in the output. Neither of the last two looks at the prompt.
     _, prompt_mask = get_token_bin_counts_and_mask(prompt_tokens_tensor, vocab_size, num_seqs)
     output_counts, output_mask = get_token_bin_counts_and_mask(
         output_tokens_tensor, vocab_size, num_seqs
@@ -102,9 +110,11 @@ def apply_penalties(
     apply_repetition_penalties(logits, prompt_mask, output_mask, repetition_penalties)
     logits -= frequency_penalties.unsqueeze(1) * output_counts  # float32 [B, V]
     logits -= presence_penalties.unsqueeze(1) * output_mask  # float32 [B, V]
+    # END LAB 06.1
     return logits
 
 
+# BEGIN LAB 06.1: the repetition penalty: shrink what was seen, whatever its sign
 def apply_repetition_penalties(
     logits: torch.Tensor,
     prompt_mask: torch.Tensor,
@@ -116,6 +126,14 @@ def apply_repetition_penalties(
     Upstream multiplies by the reciprocal rather than dividing; so does this,
     which keeps the results bit-identical.
     """
+    # HINT: A token seen in the prompt OR the output gets its row's penalty p (float32 [B]);
+    # HINT: an unseen token is left alone (factor 1).
+    # HINT: A positive logit is multiplied by 1 / p (not divided by p: the float32 rounding
+    # HINT: differs and the grade is bit for bit), a zero or negative one by p, so with
+    # HINT: p > 1 a seen token always becomes less likely. Write into logits in place.
     seen = prompt_mask | output_mask  # bool [B, V]
     penalty = torch.where(seen, repetition_penalties.unsqueeze(1), 1.0)  # float32 [B, V]
     logits *= torch.where(logits > 0, 1.0 / penalty, penalty)  # float32 [B, V]
+
+
+# END LAB 06.1

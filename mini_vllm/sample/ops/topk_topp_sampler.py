@@ -76,6 +76,15 @@ def apply_top_k_top_p(
         if k is None:
             return logits
         return apply_top_k_only(logits, k)  # no need to sort the whole vocabulary
+    # BEGIN LAB 06.2: top-k then top-p on the ascending sort
+    # HINT: receives logits float32 [B, V], k int [B] or None, p float32 [B]; leaves
+    # HINT: sorted_logits and order, the ascending sort of logits and its indices, with every
+    # HINT: value outside the top k and outside the top-p nucleus set to -inf.
+    # HINT: Sort ascending (upstream does; the order of tied tokens depends on it). Top-k: the
+    # HINT: k-th largest sits at position V - k; drop everything strictly below it (ties stay).
+    # HINT: Top-p: the softmax of what top-k left, its cumulative sum from the least likely up;
+    # HINT: drop each token whose cumulative probability is <= 1 - p, but never the last
+    # HINT: (most likely) one. "off" rows hold k = V and p = 1.0 and must lose nothing.
     sorted_logits, order = logits.sort(dim=-1, descending=False)  # [B, V] each
     if k is not None:
         # Ascending order: the k-th largest sits at position V - k.
@@ -86,20 +95,31 @@ def apply_top_k_top_p(
     drop = cumulative <= 1 - p.unsqueeze(1)  # bool [B, V]
     drop[:, -1] = False  # the most likely token always stays
     sorted_logits.masked_fill_(drop, float("-inf"))
+    # END LAB 06.2
     return logits.scatter_(dim=-1, index=order, src=sorted_logits)
 
 
+# BEGIN LAB 06.2: top-k without sorting the vocabulary
 def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Top-k without a full sort: compare each row to its k-th largest logit.
 
     logits: float32 [B, V], masked in place; k: int [B], V meaning "off".
     """
+    # HINT: One logits.topk call for the whole batch, of the largest k any row needs, gives
+    # HINT: each row's k-th largest value (at index k - 1 of its row). Every logit strictly
+    # HINT: below its row's k-th largest becomes -inf (a tie at the boundary keeps all tied
+    # HINT: tokens); return logits, masked in place.
+    # HINT: A row with k == V is "off": it must keep everything, and must not make topk
+    # HINT: sort the whole vocabulary when no other row needs it.
     off = k == logits.shape[1]  # bool [B]
     k = k.masked_fill(off, 1)  # [B]; an "off" row reads its largest, then ignores it
     top = logits.topk(int(k.max()), dim=1).values  # float32 [B, max k]
     kth = top.gather(1, (k - 1).long().unsqueeze(1))  # float32 [B, 1]
     kth.masked_fill_(off.unsqueeze(1), float("-inf"))
     return logits.masked_fill_(logits < kth, float("-inf"))
+
+
+# END LAB 06.2
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

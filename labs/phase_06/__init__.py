@@ -1,0 +1,1 @@
+"""Phase 06 lab starters (generated; see each module's docstring)."""
