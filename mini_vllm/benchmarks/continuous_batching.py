@@ -13,8 +13,9 @@ matters: with output lengths spread 10x, a static batch runs every member to
 its longest one, and its prompts are padded to the longest prompt; that is
 the waste continuous batching removes. The scale is what fits: every run
 below goes through the whole workload (mini_vllm 5 times, transformers 7),
-and the lot must stay under ~15 minutes on this machine while other jobs
-share it. ``--quick``: 32 requests, the same lengths, for development.
+and the lot must stay near 15 minutes on this machine while other jobs
+share it (measured: 6 minutes quiet, 16 minutes with ``--repeats 2`` at
+load average 10). ``--quick``: 32 requests, the same lengths, for development.
 
 - mini_vllm: one ``LLM.generate`` over all of them (max_num_seqs = all,
   2048-token budget, the default CPU attention backend, prefix cache reset
