@@ -18,7 +18,11 @@ from hypothesis import strategies as st
 from test_triton_attention import TOL, make_batch, reference
 
 from mini_vllm.attention.backend import get_attn_backend
-from mini_vllm.attention.backends.cpu_attn import CPUAttentionBackendImpl
+from mini_vllm.attention.backends.cpu_attn import (
+    DECODE_GROUP_ROWS,
+    CPUAttentionBackendImpl,
+    plan_for,
+)
 
 LAYOUT = st.lists(
     st.tuples(st.integers(0, 70), st.sampled_from([1, 1, 1, 2, 5, 17])),  # (context, new tokens)
@@ -59,6 +63,29 @@ def test_matches_torch_backend_float32(layout, ratio, kv_heads, head_size, block
     assert out.shape == ref.shape and not out[md.num_actual_tokens :].any()
     atol, rtol = TOL[torch.float32]
     torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+def test_decode_rows_in_several_length_groups():
+    # More decode rows than one group holds, lengths shuffled across the batch, with
+    # prefill rows among them: each group pads to its own longest row, and every row's
+    # output must land on its own token.
+    assert DECODE_GROUP_ROWS < 40
+    gen = torch.Generator().manual_seed(0)
+    contexts = torch.randint(0, 150, (2 * DECODE_GROUP_ROWS + 7,), generator=gen).tolist()
+    layout = [(c, 1) for c in contexts]
+    layout[5], layout[40] = (30, 9), (0, 17)
+    out, ref, cache, ref_cache, md = run_both(layout, 3, 1, 64, 16, torch.float32, seed=3)
+    torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_plan_is_built_once_per_metadata():
+    # Every layer of a step reads the same plan; a new step's metadata gets a new one.
+    q, k, v, cache, md = make_batch([(20, 1), (3, 4)], 3, 1, 16, 4, torch.float32, seed=0)
+    first = plan_for(md, 4)
+    assert plan_for(md, 4) is first
+    _, _, _, _, md2 = make_batch([(20, 1), (3, 4)], 3, 1, 16, 4, torch.float32, seed=0)
+    assert plan_for(md2, 4) is not first
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])

@@ -2,38 +2,45 @@
 
 ``python -m mini_vllm.benchmarks.continuous_batching [--quick] [--repeats N] [--out DIR]``
 
-The workload users have, in the shape of nano-vllm's benchmark (many
-requests, random prompt and output lengths) scaled to a 2-core CPU:
-SmolLM2-135M in float32 (the shipped Q4_1 GGUF dequantized; same weights on
-both sides), ``NUM_REQUESTS`` requests, prompts of seeded random token ids
-with lengths uniform in ``PROMPT_LENS``, outputs uniform in ``OUTPUT_LENS``,
-greedy, EOS ignored (seed 0; ``--quick``: fewer, shorter requests).
+The workload users have, in the shape of nano-vllm's benchmark (its bench.py:
+256 sequences, prompt and output lengths each uniform in 100-1024, all
+submitted at once) scaled to a 2-core CPU: SmolLM2-135M in float32 (the
+shipped Q4_1 GGUF dequantized; same weights on both sides), 128 requests
+(half of nano-vllm's 256), prompts of seeded random token ids with lengths
+uniform in 4-40 and outputs uniform in 4-40 (nano-vllm's lengths divided by
+25.6, so max/min stays 10x), greedy, EOS ignored (seed 0). The shape is what
+matters: with output lengths spread 10x, a static batch runs every member to
+its longest one, and its prompts are padded to the longest prompt; that is
+the waste continuous batching removes. The scale is what fits: every run
+below goes through the whole workload (mini_vllm 5 times, transformers 7),
+and the lot must stay near 15 minutes on this machine while other jobs
+share it (measured: 6 minutes quiet, 16 minutes with ``--repeats 2`` at
+load average 10). ``--quick``: 32 requests, the same lengths, for development.
 
 - mini_vllm: one ``LLM.generate`` over all of them (max_num_seqs = all,
   2048-token budget, the default CPU attention backend, prefix cache reset
   before each run).
 - transformers: ``generate`` in static left-padded batches of 8, 16, 32 and
-  64 (default sdpa attention), each batch run to its longest output; the
-  best batch size of the sweep is the baseline. Tokens are compared with
-  mini_vllm's for every batch size.
+  64 (default sdpa attention), each batch run to its longest output, swept
+  once after mini_vllm's first run; the best batch size of the sweep is the
+  baseline. Tokens are compared with mini_vllm's for every batch size.
 
-Then, for the timed comparison, runs alternate (mini, HF-best, HF-best,
-mini, ...) ``--repeats`` times at the first thread count and
-``--other-repeats`` times at the others (``--threads``, default 1 then 2:
-on a shared machine a thread count that ignores a busy core can cost 10x),
-and medians are reported with the 1-minute load average. The sweep, the
-breakdown and the matmul rates run at the first thread count. Also in the same run:
+The timed comparison at the first thread count (``--threads``, default 1
+then 2) takes mini_vllm's first run and the sweep's run at the best batch
+size as its first pair, then alternates (HF, mini, mini, HF, ...) up to
+``--repeats`` runs each; at the other thread counts, ``--other-repeats``
+pairs (on a shared machine a thread count that ignores a busy core can cost
+10x). Medians are reported with the 1-minute load average. Also in the same
+run, at the first thread count:
 
 - the per-part breakdown of one mini_vllm run (``step_breakdown``);
 - the machine's fp32 matmul rate for SmolLM2's linear layers at the batch
-  sizes the engine runs (decode rows and prefill chunks), and the floor it
-  puts under a decode step's linear part: the step's linear FLOPs / rate;
-- the 32-request workload of ``throughput.py`` (prompts 32-256, outputs
-  32-128, one static batch of 32): what a cheaper step buys where all
-  requests fit in one static batch.
+  sizes the engine runs (decode rows and prefill chunks), and the time the
+  run's decoder-layer linear FLOPs would take at the best of those rates.
 
-Writes ``OUT/continuous_batching_cpu.json``; prints markdown tables.
-This is mini_vllm's own benchmark (upstream's is vllm/benchmarks/throughput.py).
+Writes ``OUT/continuous_batching_cpu.json`` after each thread count; prints
+markdown tables. This is mini_vllm's own benchmark (upstream's is
+vllm/benchmarks/throughput.py).
 """
 
 from __future__ import annotations
@@ -59,8 +66,13 @@ from mini_vllm.benchmarks.throughput import (  # noqa: E402
     run_mini,
 )
 
-NUM_REQUESTS, PROMPT_LENS, OUTPUT_LENS = 128, (16, 128), (8, 32)
-QUICK = 32, (16, 64), (4, 16)
+# nano-vllm: 256 requests, prompts and outputs uniform in 100-1024 (see above).
+NUM_REQUESTS, PROMPT_LENS, OUTPUT_LENS = 128, (4, 40), (4, 40)
+QUICK = 32, (4, 40), (4, 40)
+SHAPE = (
+    "nano-vllm's shape (256 req, prompts and outputs each uniform in 100-1024) scaled to "
+    "this CPU: half the requests, lengths / 25.6 (max/min 10x, as nano-vllm's)"
+)
 HF_BATCHES = (8, 16, 32, 64)
 med = statistics.median
 
@@ -92,6 +104,7 @@ def hf_sweep(hf, workload, pad_id, mini_tokens):
         r = run_hf(hf, workload, bs, pad_id)
         same = sum(a == b for a, b in zip(r.pop("tokens"), mini_tokens, strict=True))
         r["identical_to_mini"] = f"{same}/{len(workload)}"
+        r["run"] = {k: v for k, v in r.items() if k != "identical_to_mini"}  # for the timed pairs
         sweep[bs] = r
         print(
             f"  HF batch {bs}: {r['tok_s']:.1f} useful tok/s, {r['wall_s']:.1f}s, "
@@ -101,9 +114,14 @@ def hf_sweep(hf, workload, pad_id, mini_tokens):
     return sweep
 
 
-def alternate(llm, timer, hf, workload, hf_batch, pad_id, repeats):
+def alternate(llm, timer, hf, workload, hf_batch, pad_id, repeats, first_pair=None):
+    """``repeats`` runs of each, alternating; ``first_pair`` (mini's run, HF's run), when
+    given, counts as the first pair."""
     runs = {"mini": [], "hf": []}
-    for r in range(repeats):
+    if first_pair is not None:
+        runs["mini"].append(first_pair[0])
+        runs["hf"].append(first_pair[1])
+    for r in range(len(runs["mini"]), repeats):
         for name in ["mini", "hf"] if r % 2 == 0 else ["hf", "mini"]:
             if name == "mini":
                 res = run_mini(llm, timer, workload)
@@ -169,6 +187,9 @@ def main(argv=None):
         model="SmolLM2-135M (GGUF Q4_1 -> fp32)",
         workload=f"{n} req, prompt {prompt_lens[0]}-{prompt_lens[1]}, "
         f"output {output_lens[0]}-{output_lens[1]}, seed 0",
+        shape=SHAPE,
+        useful_output_tokens=sum(m for _, m in workload),
+        prompt_tokens=sum(len(p) for p, _ in workload),
         attention_backend=engine.attention_backend,
         cpu_count=os.cpu_count(),
         torch=torch.__version__,
@@ -185,17 +206,27 @@ def main(argv=None):
     sweep = hf_sweep(hf, workload, pad_id, first["tokens"])
     best = max(sweep, key=lambda bs: sweep[bs]["tok_s"])
     result.update(
-        hf_sweep=sweep,
+        hf_sweep={bs: {k: v for k, v in r.items() if k != "run"} for bs, r in sweep.items()},
         hf_best_batch=best,
-        mini_first_tok_s=first["tok_s"],
         mini_steps=first["steps"],
     )
+
+    # The timed comparison at the first thread count: the first pair is the runs above.
+    out = args.out / "continuous_batching_cpu.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    first.pop("tokens")
+    first.pop("decode")
+    pair = first, sweep[best]["run"]
+    result["by_threads"] = {
+        args.threads[0]: alternate(llm, timer, hf, workload, best, pad_id, args.repeats, pair)
+    }
 
     # Breakdown and matmul rates at the first thread count.
     prompts = [{"prompt_token_ids": p} for p, _ in workload]
     params = [SamplingParams(max_tokens=m, ignore_eos=True, temperature=0.0) for _, m in workload]
     llm.llm_engine.engine_core.scheduler.reset_prefix_cache()
     result["breakdown_s"] = step_breakdown(llm, prompts, params)
+    result["breakdown_loadavg_1m"] = os.getloadavg()[0]
     shapes, layers, rates = linear_shapes(cfg), cfg.num_hidden_layers, {}
     for m in sorted({8, 32, n, 512, 2048}):
         rate = matmul_rate(m, shapes)
@@ -210,17 +241,20 @@ def main(argv=None):
     flops = tokens * layers * sum(2 * k * o for k, o in shapes)
     best_rate = max(s["gflop_s"] for s in rates.values()) * 1e9
     result["matmul"] = dict(
-        threads=args.threads[0], by_rows=rates, run_linear_floor_s=flops / best_rate
+        threads=args.threads[0],
+        loadavg_1m=os.getloadavg()[0],
+        by_rows=rates,
+        run_linear_floor_s=flops / best_rate,
     )
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result), flush=True)
 
-    # Alternating timed runs at each thread count (the result is written after each).
-    out = args.out / "continuous_batching_cpu.json"
-    args.out.mkdir(parents=True, exist_ok=True)
-    result["by_threads"] = {}
-    for i, t in enumerate(args.threads):
+    # The other thread counts (the result is written after each).
+    for t in args.threads[1:]:
         torch.set_num_threads(t)
-        repeats = args.repeats if i == 0 else args.other_repeats
-        result["by_threads"][t] = alternate(llm, timer, hf, workload, best, pad_id, repeats)
+        result["by_threads"][t] = alternate(
+            llm, timer, hf, workload, best, pad_id, args.other_repeats
+        )
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(table(result), flush=True)
     torch.set_num_threads(threads0)
@@ -230,6 +264,7 @@ def main(argv=None):
 def table(r) -> str:
     lines = [
         f"{r['workload']}; {r['model']}; attention backend {r['attention_backend']}",
+        f"Shape: {r['shape']}.",
         "",
         "| transformers static batch | useful tok/s | identical tokens |",
         "|---:|---:|---:|",
@@ -248,7 +283,11 @@ def table(r) -> str:
             f"| {s['mini_step_ms']:.0f} | {s['loadavg_1m']:.1f} |"
         )
     total = sum(r["breakdown_s"].values())
-    lines += ["", "| part (one mini_vllm run) | s | share |", "|---|---:|---:|"]
+    lines += [
+        "",
+        f"| part (one mini_vllm run, load avg {r['breakdown_loadavg_1m']:.1f}) | s | share |",
+        "|---|---:|---:|",
+    ]
     for part, s in r["breakdown_s"].items():
         lines.append(f"| {part} | {s:.2f} | {100 * s / total:.0f}% |")
     lines.append(
@@ -257,7 +296,8 @@ def table(r) -> str:
     )
     lines += [
         "",
-        "| matmul rows | fp32 GFLOP/s | 30 layers' linears at that rate |",
+        f"| matmul rows ({r['matmul']['threads']} thread(s), load avg "
+        f"{r['matmul']['loadavg_1m']:.1f}) | fp32 GFLOP/s | the decoder's linears at that rate |",
         "|---:|---:|---:|",
     ]
     for m, s in r["matmul"]["by_rows"].items():

@@ -14,14 +14,23 @@ finds its one-token rows wherever they are.
 It computes what ``TorchAttentionImpl`` (torch_attn.py, the readable
 definition) computes, to float32 rounding, in fewer and larger operations:
 
-- decode rows (one new token each): one gather of every decode row's
-  blocks through the block table (padded to the longest row, into a reused
-  buffer) and one SDPA call over all of them per layer; key positions past a
-  row's length are masked. GQA without copies: the query ``[B, num_heads,
-  D]`` is viewed as ``[B, num_kv_heads, group, D]``, the group's heads taking
-  the place of query positions, so every head meets its own KV head.
+- decode rows (one new token each): sorted by length and cut into groups of
+  ``DECODE_GROUP_ROWS``; per layer, each group is one gather of its rows'
+  blocks through the block table (padded to the group's longest row, into a
+  reused buffer) and one SDPA call; key positions past a row's length are
+  masked. Upstream's C++ decode kernel walks each row's own blocks and pads
+  nothing; a batched gather must pad, and grouping by length bounds the
+  padding (both the gather and SDPA grow with the padded length). GQA without
+  copies: the query ``[b, num_heads, D]`` is viewed as ``[b, num_kv_heads,
+  group, D]``, the group's heads taking the place of query positions, so
+  every head meets its own KV head.
 - prefill rows: one SDPA call per row over its gathered keys and values,
   with SDPA's own GQA (``enable_gqa``) instead of ``repeat_interleave``.
+
+What depends only on the step's metadata (the decode/prefill split, the
+groups, their block ids and masks, each prefill row's causal mask) is built
+once per step by the first layer (``plan_for``) and reused by the others, as
+upstream's metadata builder runs once per step for every layer.
 
 Differs from upstream: torch operations instead of a C++ kernel with its ISA
 variants; upstream hands its SDPA prefill the step's new keys and values
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +74,89 @@ def gather_workspace(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor
     return buf[:need].view(shape)
 
 
+# Decode rows per padded group: rows are sorted by length and cut into groups of
+# this many, each padded to its own longest row (see the module docstring).
+DECODE_GROUP_ROWS = 32
+
+
+@dataclass
+class DecodeGroup:
+    """Decode rows of similar length, gathered and attended together."""
+
+    tokens: torch.Tensor  # int64 [b]: each row's only query token
+    blocks: torch.Tensor  # int64 [b * num_blocks]: the rows' block ids, row after row
+    valid: torch.Tensor  # bool [b, 1, 1, num_blocks * block_size]: key positions < seq_len
+
+
+@dataclass
+class PrefillRow:
+    """A row with several new tokens: its query tokens, blocks and causal mask."""
+
+    start: int
+    end: int
+    seq_len: int
+    blocks: torch.Tensor  # int64 [cdiv(seq_len, block_size)]
+    mask: torch.Tensor  # bool [q_len, seq_len]
+
+
+@dataclass
+class CPUAttentionPlan:
+    """What every layer of one step needs from the metadata, computed once per step
+    (upstream's ``CPUAttentionMetadataBuilder.build``,
+    vllm/v1/attention/backends/cpu_attn.py:171, likewise runs once per step and
+    splits decodes from prefills for all layers)."""
+
+    decode_groups: list[DecodeGroup]
+    prefill_rows: list[PrefillRow]
+
+
+def build_plan(attn_metadata: AttentionMetadata, block_size: int) -> CPUAttentionPlan:
+    starts = attn_metadata.query_start_loc  # [num_reqs + 1]
+    seq_lens = attn_metadata.seq_lens  # [num_reqs]
+    q_lens = starts[1:] - starts[:-1]  # [num_reqs]
+    is_decode = q_lens == 1  # [num_reqs]
+    # Decode rows, shortest first, in groups: each pads only to its own longest row.
+    decode_rows = is_decode.nonzero().flatten()  # [B]
+    decode_rows = decode_rows[seq_lens[decode_rows].argsort(stable=True)]
+    groups = []
+    for rows in decode_rows.split(DECODE_GROUP_ROWS) if decode_rows.numel() else ():
+        lens = seq_lens[rows]  # [b]
+        num_blocks = cdiv(int(lens.max()), block_size)
+        table = attn_metadata.block_table[rows, :num_blocks]  # [b, num_blocks]
+        positions = torch.arange(num_blocks * block_size, device=lens.device)
+        groups.append(
+            DecodeGroup(
+                tokens=starts[rows].long(),
+                blocks=table.flatten().long(),
+                valid=(positions < lens[:, None])[:, None, None, :],
+            )
+        )
+    prefill = []
+    starts_list, seq_lens_list = starts.tolist(), seq_lens.tolist()
+    for i in (~is_decode).nonzero().flatten().tolist():
+        start, end, seq_len = starts_list[i], starts_list[i + 1], seq_lens_list[i]
+        key_pos = torch.arange(seq_len, device=seq_lens.device)  # [seq_len]
+        q_pos = key_pos[seq_len - (end - start) :]  # [q_len]
+        table = attn_metadata.block_table[i, : cdiv(seq_len, block_size)]
+        prefill.append(
+            PrefillRow(start, end, seq_len, table.long(), key_pos[None, :] <= q_pos[:, None])
+        )
+    return CPUAttentionPlan(groups, prefill)
+
+
+def plan_for(attn_metadata: AttentionMetadata, block_size: int) -> CPUAttentionPlan:
+    """The step's plan, built by the first layer that sees this metadata and reused by
+    the others (the runner builds new metadata every step)."""
+    cached = getattr(_workspace, "plan", None)
+    if cached is None or cached[0] is not attn_metadata or cached[1] != block_size:
+        cached = _workspace.plan = (
+            attn_metadata,
+            block_size,
+            build_plan(attn_metadata, block_size),
+        )
+    return cached[2]
+
+
 class CPUAttentionBackendImpl(AttentionImpl):
     # Decodes first on every CPU (upstream: only off x86 and ARM, see above).
     reorder_batch_threshold = 1
@@ -79,60 +172,42 @@ class CPUAttentionBackendImpl(AttentionImpl):
         kv_cache[blocks, 1, offsets] = value[:n].to(kv_cache.dtype)
 
         out = torch.zeros_like(query)  # [num_tokens, num_heads, head_size]
-        starts = attn_metadata.query_start_loc  # [num_reqs + 1]
-        q_lens = starts[1:] - starts[:-1]  # [num_reqs]
-        is_decode = q_lens == 1  # [num_reqs]
-        decode_rows = is_decode.nonzero().flatten()  # [B]
-        if decode_rows.numel():
-            self._decode(query, kv_cache, attn_metadata, decode_rows, out)
-        if decode_rows.numel() < q_lens.numel():
-            self._prefill(query, kv_cache, attn_metadata, (~is_decode).nonzero().flatten(), out)
+        plan = plan_for(attn_metadata, block_size)
+        for group in plan.decode_groups:
+            self._decode(query, kv_cache, group, out)
+        for row in plan.prefill_rows:
+            self._prefill(query, kv_cache, row, out)
         return out
 
-    def _decode(self, query, kv_cache, attn_metadata, rows, out) -> None:
-        """All one-token rows at once: a padded gather and one batched SDPA."""
-        block_size = kv_cache.shape[2]
-        tokens = attn_metadata.query_start_loc[rows]  # [B]: each row's only query token
-        seq_lens = attn_metadata.seq_lens[rows]  # [B]
-        num_blocks = cdiv(int(seq_lens.max()), block_size)
-        table = attn_metadata.block_table[rows, :num_blocks].long()  # [B, num_blocks]
-        b, kv_heads, group = rows.numel(), self.num_kv_heads, self.num_heads // self.num_kv_heads
-        # Every row's blocks, keys then values: [2, B * num_blocks, block_size, kv_heads, D].
-        kv = gather_workspace((2, table.numel(), *kv_cache.shape[2:]), kv_cache)
-        torch.index_select(kv_cache[:, 0], 0, table.flatten(), out=kv[0])
-        torch.index_select(kv_cache[:, 1], 0, table.flatten(), out=kv[1])
-        # [B, kv_heads, L, D] views, L = num_blocks * block_size (padded length)
+    def _decode(self, query, kv_cache, group: DecodeGroup, out) -> None:
+        """A group of one-token rows at once: a padded gather and one batched SDPA."""
+        b, kv_heads = group.tokens.numel(), self.num_kv_heads
+        # The group's blocks, keys then values: [2, b * num_blocks, block_size, kv_heads, D].
+        kv = gather_workspace((2, group.blocks.numel(), *kv_cache.shape[2:]), kv_cache)
+        torch.index_select(kv_cache[:, 0], 0, group.blocks, out=kv[0])
+        torch.index_select(kv_cache[:, 1], 0, group.blocks, out=kv[1])
+        # [b, kv_heads, L, D] views, L = num_blocks * block_size (padded length)
         k, v = (x.view(b, -1, kv_heads, self.head_size).transpose(1, 2).float() for x in kv)
-        # A row's query heads h = kv * group + g all read KV head kv: [B, kv_heads, group, D].
-        q = query[tokens].float().view(b, kv_heads, group, self.head_size)
-        # Key positions before the row's length are real; the rest is padding (other
-        # requests' stale slots or the null block), masked out. [B, 1, 1, L]
-        valid = torch.arange(k.shape[2], device=k.device) < seq_lens[:, None]
-        o = F.scaled_dot_product_attention(  # [B, kv_heads, group, D]
-            q, k, v, attn_mask=valid[:, None, None, :], scale=self.scale
+        # A row's query heads h = kv * group + g all read KV head kv: [b, kv_heads, group, D].
+        q = query[group.tokens].float().view(b, kv_heads, -1, self.head_size)
+        # Key positions past the row's length (other requests' stale slots or the null
+        # block) are masked out by group.valid.
+        o = F.scaled_dot_product_attention(  # [b, kv_heads, group, D]
+            q, k, v, attn_mask=group.valid, scale=self.scale
         )
-        out[tokens] = o.reshape(b, self.num_heads, self.head_size).to(out.dtype)
+        out[group.tokens] = o.reshape(b, self.num_heads, self.head_size).to(out.dtype)
 
-    def _prefill(self, query, kv_cache, attn_metadata, rows, out) -> None:
-        """Rows with several new tokens: one causal SDPA each over the cached and new keys."""
-        block_size = kv_cache.shape[2]
-        starts = attn_metadata.query_start_loc.tolist()
-        seq_lens = attn_metadata.seq_lens.tolist()
-        for i in rows.tolist():
-            seq_len, q = seq_lens[i], query[starts[i] : starts[i + 1]]
-            q = q.float().transpose(0, 1)  # [H, q_len, D]
-            q_len = q.shape[1]
-            table = attn_metadata.block_table[i, : cdiv(seq_len, block_size)].long()
-            # [2, kv_heads, seq_len, D]
-            kv = kv_cache[table].permute(1, 3, 0, 2, 4).flatten(2, 3)[:, :, :seq_len]
-            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)  # [q_len]
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(  # [H, q_len, D]
-                q,
-                kv[0].float(),
-                kv[1].float(),
-                attn_mask=mask,
-                scale=self.scale,
-                enable_gqa=True,
-            )
-            out[starts[i] : starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
+    def _prefill(self, query, kv_cache, row: PrefillRow, out) -> None:
+        """One causal SDPA over the row's cached and new keys."""
+        q = query[row.start : row.end].float().transpose(0, 1)  # [H, q_len, D]
+        # [2, kv_heads, seq_len, D]
+        kv = kv_cache[row.blocks].permute(1, 3, 0, 2, 4).flatten(2, 3)[:, :, : row.seq_len]
+        o = F.scaled_dot_product_attention(  # [H, q_len, D]
+            q,
+            kv[0].float(),
+            kv[1].float(),
+            attn_mask=row.mask,
+            scale=self.scale,
+            enable_gqa=True,
+        )
+        out[row.start : row.end] = o.transpose(0, 1).to(out.dtype)
