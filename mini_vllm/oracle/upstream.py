@@ -34,6 +34,7 @@ from vllm.config import (  # noqa: E402
     DeviceConfig,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -46,7 +47,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheConfig,
     KVCacheGroupSpec,
 )
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -59,6 +60,7 @@ __all__ = [
     "EOS_TOKEN_ID",
     "RequestStatus",
     "ModelRunnerOutput",
+    "DraftTokenIds",
     "create_scheduler",
     "create_requests",
     "create_kv_cache_manager",
@@ -124,6 +126,7 @@ def create_scheduler(
     enable_chunked_prefill: bool = True,
     policy: str = "fcfs",
     scheduler_reserve_full_isl: bool = True,
+    num_speculative_tokens: int | None = None,
 ) -> Scheduler:
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
@@ -146,11 +149,18 @@ def create_scheduler(
         seed=0,
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    # As upstream's test helper (tests/v1/core/utils.py) builds it: n-gram drafts.
+    speculative_config = None
+    if num_speculative_tokens is not None:
+        speculative_config = SpeculativeConfig(
+            method="ngram", num_speculative_tokens=num_speculative_tokens
+        )
     vllm_config = VllmConfig(
         scheduler_config=scheduler_config,
         model_config=model_config,
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
+        speculative_config=speculative_config,
     )
     asked = {
         "max_num_seqs": max_num_seqs,
@@ -169,6 +179,7 @@ def create_scheduler(
         got != asked
         or got_cache != (block_size, enable_prefix_caching)
         or vllm_config.model_config.max_model_len != max_model_len
+        or (speculative_config is not None and vllm_config.speculative_config.method != "ngram")
     ):
         raise RuntimeError(f"vllm rewrote the configuration: asked {asked}, got {got}, {got_cache}")
     kv_cache_config = _kv_cache_config(num_blocks, block_size)

@@ -90,6 +90,7 @@ CORE_MODULES = (
     "core/sched/utils.py",
     "core/sched/interface.py",
     "core/sched/scheduler.py",
+    "spec_decode/metrics.py",
     "utils/hashing.py",
 )
 
