@@ -126,6 +126,16 @@ class EngineCore:
         self.num_preemptions += len(scheduler_output.preempted_req_ids or ())
         self.num_scheduled_tokens += scheduler_output.total_num_scheduled_tokens
         model_output = self.model_runner.execute_model(scheduler_output)
-        return self.scheduler.update_from_output(scheduler_output, model_output)
+        engine_core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        self._update_draft_token_ids()
+        return engine_core_outputs
 
     # END LAB 01.2
+
+    def _update_draft_token_ids(self) -> None:
+        """With speculation, hand the drafts the runner proposed after this
+        step to the scheduler (vllm/v1/engine/core.py:463-467)."""
+        if self.vllm_config.speculative_config is not None:
+            draft_token_ids = self.model_runner.take_draft_token_ids()
+            if draft_token_ids is not None:
+                self.scheduler.update_draft_token_ids(draft_token_ids)
