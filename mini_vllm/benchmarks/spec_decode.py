@@ -14,7 +14,8 @@ workloads of four prompts each, every workload run as one ``LLM.generate``:
 Two engines are built once: without speculation, and with
 ``{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1,
 "prompt_lookup_max": 3}``. Runs alternate (plain engine, speculative engine)
-``--repeats`` times per workload, and the report gives medians of the time
+``--repeats`` times per workload after one short untimed warm-up run each,
+and the report gives medians of the time
 per output token, the ratio, the engine steps, the output tokens per engine
 step, and the drafts' acceptance rate per position (accepted at position i /
 drafts verified) from the engine's spec-decode stats, with the thread count
@@ -162,6 +163,8 @@ def main(argv=None) -> int:
     }
     for name, texts in WORKLOADS.items():
         prompts = [tok.encode(t) for t in texts]
+        for llm in (plain, spec):  # warm-up, not timed (first calls pay one-off costs)
+            run_once(llm, prompts, 4)
         result["workloads"][name] = compare(plain, spec, prompts, args.max_tokens, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "spec_decode_cpu.json"
