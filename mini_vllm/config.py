@@ -4,13 +4,14 @@ Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 (config/scheduler.py; validation in ``verify_max_model_len`` at :259),
 ``CacheConfig`` (config/cache.py), ``ModelConfig`` (config/model.py),
 ``DeviceConfig`` (config/device.py), ``AttentionConfig``
-(config/attention.py) and ``VllmConfig`` (config/vllm.py).
+(config/attention.py), ``SpeculativeConfig`` (config/speculative.py:74, the
+n-gram method only) and ``VllmConfig`` (config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
 path, dtype, seed, ``max_logprobs``, ``logits_processors`` and ``logprobs_mode``
 (upstream checks its four values with pydantic; mini with
 ``verify_logprobs_mode``); its ``verify_max_model_len`` is the check at
 the end of upstream's ``_get_and_verify_max_len`` (config/model.py:2119).
-Left out: parallelism, LoRA, speculative decoding,
+Left out: parallelism, LoRA, draft-model and EAGLE speculation,
 KV transfer, compilation, observability, partial-prefill limits.
 """
 
@@ -158,12 +159,51 @@ class AttentionConfig:
 
 
 @dataclass
+class SpeculativeConfig:
+    """N-gram (prompt-lookup) speculation: after each step, draft up to
+    ``num_speculative_tokens`` tokens per decoding request by matching the
+    context's last ``prompt_lookup_min..prompt_lookup_max`` tokens earlier in
+    the context. As upstream, a missing lookup bound takes the other's value,
+    and both default to 5 (vllm/config/speculative.py:586-604)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int | None = None
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_lookup_min is None and self.prompt_lookup_max is None:
+            self.prompt_lookup_min = self.prompt_lookup_max = 5
+        elif self.prompt_lookup_min is None:
+            self.prompt_lookup_min = self.prompt_lookup_max
+        elif self.prompt_lookup_max is None:
+            self.prompt_lookup_max = self.prompt_lookup_min
+
+    def verify(self) -> None:
+        if self.method != "ngram":
+            raise ValueError(
+                f"only the 'ngram' speculative method exists here, got {self.method!r}."
+            )
+        if self.num_speculative_tokens is None or self.num_speculative_tokens < 1:
+            raise ValueError(
+                f"num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}."
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"prompt_lookup_min={self.prompt_lookup_min}, "
+                f"prompt_lookup_max={self.prompt_lookup_max}."
+            )
+
+
+@dataclass
 class VllmConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     attention_config: AttentionConfig = field(default_factory=AttentionConfig)
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         self.model_config.verify()
@@ -171,3 +211,16 @@ class VllmConfig:
         self.scheduler_config.verify(self.model_config.max_model_len)
         self.device_config.verify()
         self.attention_config.verify()
+        if self.speculative_config is not None:
+            self.speculative_config.verify()
+            # Upstream refuses the CPU n-gram drafter with async scheduling
+            # (config/vllm.py:911-924): its drafts are needed before the next
+            # schedule(), which async scheduling runs before they exist.
+            if self.scheduler_config.async_scheduling:
+                raise ValueError(
+                    "async_scheduling=True does not work with "
+                    f"speculative method {self.speculative_config.method!r}: the "
+                    "n-gram drafter proposes after a step's tokens are known, and "
+                    "async scheduling schedules the next step before that. Turn "
+                    "one of them off."
+                )

@@ -1,6 +1,7 @@
 """What flows out: the model runner's output, and what a user gets back.
 
-Mirrors upstream ``vllm/v1/outputs.py`` (``ModelRunnerOutput`` :233) and
+Mirrors upstream ``vllm/v1/outputs.py`` (``ModelRunnerOutput`` :233,
+``DraftTokenIds`` :297) and
 ``CompletionOutput`` (vllm/outputs.py:22), ``RequestOutput``
 (vllm/outputs.py:85) at v0.22.1. Left out: pooling, connector, NaN counts, CUDA-graph stats,
 n > 1, prompt logprobs, multimodal and LoRA fields.
@@ -16,10 +17,20 @@ class ModelRunnerOutput:
     req_ids: list[str]
     req_id_to_index: dict[str, int]
     # One list per request: the tokens sampled this step. Empty for a
-    # request whose prompt is still being prefilled.
+    # request whose prompt is still being prefilled; with drafts, the
+    # accepted drafts then one token of the target's own.
     sampled_token_ids: list[list[int]] = field(default_factory=list)
     # Optional per-request top-n logprobs (filled by the sampler).
     logprobs: list | None = None
+
+
+@dataclass
+class DraftTokenIds:
+    """The drafts the proposer made after a step, for the scheduler's
+    ``update_draft_token_ids``: one list per request (maybe empty)."""
+
+    req_ids: list[str]
+    draft_token_ids: list[list[int]]
 
 
 EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], req_id_to_index={})

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from mini_vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from mini_vllm.config import (
+    CacheConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    VllmConfig,
+)
 from mini_vllm.core.kv_cache_manager import KVCacheManager
 from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
 from mini_vllm.core.sched.async_scheduler import AsyncScheduler
 from mini_vllm.core.sched.scheduler import Scheduler
-from mini_vllm.outputs import ModelRunnerOutput
+from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.sampling_params import SamplingParams
 
@@ -31,6 +37,7 @@ __all__ = [
     "manager_state",
     "make_model_runner_output",
     "ModelRunnerOutput",
+    "DraftTokenIds",
 ]
 
 
@@ -47,9 +54,12 @@ def create_scheduler(
     scheduler_reserve_full_isl: bool = True,
     scheduler_cls: type | None = None,
     async_scheduling: bool = False,
+    num_speculative_tokens: int | None = None,
 ) -> Scheduler:
     """A scheduler over ``num_blocks`` KV blocks (block 0 is the null block);
-    an ``AsyncScheduler`` with ``async_scheduling``, as upstream's engine picks."""
+    an ``AsyncScheduler`` with ``async_scheduling``, as upstream's engine picks;
+    with ``num_speculative_tokens``, an n-gram speculative config (as
+    upstream's helper builds one)."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     vllm_config = VllmConfig(
@@ -68,6 +78,9 @@ def create_scheduler(
             scheduler_reserve_full_isl=scheduler_reserve_full_isl,
             async_scheduling=async_scheduling,
         ),
+        speculative_config=None
+        if num_speculative_tokens is None
+        else SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
     )
     if scheduler_cls is None:
         scheduler_cls = AsyncScheduler if async_scheduling else Scheduler

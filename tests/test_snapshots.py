@@ -11,14 +11,14 @@ import pytest
 
 import mini_vllm.testing as mini
 from mini_vllm.oracle import snapshots
-from mini_vllm.oracle.scenarios import SCENARIOS
+from mini_vllm.oracle.scenarios import SCENARIOS, SPEC_SCENARIOS
 from mini_vllm.oracle.workload import first_difference, run_workload
 
 FILES = sorted(snapshots.SNAPSHOT_DIR.glob("*.json"))
 
 
 def test_every_scenario_has_a_snapshot():
-    assert sorted(f.stem for f in FILES) == sorted(w.name for w in SCENARIOS)
+    assert sorted(f.stem for f in FILES) == sorted(w.name for w in SCENARIOS + SPEC_SCENARIOS)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
@@ -41,5 +41,5 @@ def test_mini_vllm_matches_upstream_snapshot(path):
 def test_snapshot_is_the_scenario_in_code(path):
     """The committed workload is the one scenarios.py defines (else re-record)."""
     workload, _, _ = snapshots.load(path)
-    in_code = next(w for w in SCENARIOS if w.name == workload.name)
+    in_code = next(w for w in SCENARIOS + SPEC_SCENARIOS if w.name == workload.name)
     assert workload.to_dict() == in_code.to_dict(), "scenario changed: run `make snapshots`"

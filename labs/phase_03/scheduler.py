@@ -43,6 +43,7 @@ from mini_vllm.core.sched.request_queue import SchedulingPolicy  # noqa: F401 (a
 from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs
 from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus  # noqa: F401 (a lab region uses it)
+from mini_vllm.spec_decode.metrics import SpecDecodingStats
 
 
 class Scheduler(_reference.Scheduler):
@@ -78,6 +79,8 @@ class Scheduler(_reference.Scheduler):
         req_to_new_blocks: dict[str, KVCacheBlocks] = {}
         num_scheduled_tokens: dict[str, int] = {}
         token_budget = self.max_num_scheduled_tokens
+        # req_id -> the drafts scheduled for verification this step.
+        scheduled_spec_decode_tokens: dict[str, list[int]] = {}
 
         # Phase 1: the RUNNING requests, in order.
         # (mirrors vllm/v1/core/sched/scheduler.py:366-499)
@@ -134,6 +137,20 @@ class Scheduler(_reference.Scheduler):
                 "(labs/phase_03/scheduler.py)"
             )
             # END LAB 03.1
+
+            # Drafts: whatever the budget and the caps left of num_new_tokens
+            # beyond the request's real tokens is drafts, cut to that count.
+            # (mirrors vllm/v1/core/sched/scheduler.py:502-517)
+            if request.spec_token_ids:
+                num_scheduled_spec_tokens = (
+                    num_new_tokens + request.num_computed_tokens - request.num_tokens
+                )
+                if num_scheduled_spec_tokens > 0:
+                    scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[
+                        :num_scheduled_spec_tokens
+                    ]
+                # Fresh drafts arrive through update_draft_token_ids after the step.
+                request.spec_token_ids = []
 
         # Phase 2: admit WAITING requests in queue order while three gates
         # stay open. (Upstream checks the same three, in two `if`s and a
@@ -231,6 +248,7 @@ class Scheduler(_reference.Scheduler):
             num_common_prefix_blocks=num_common_prefix_blocks,
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={req.request_id for req in preempted_reqs},
+            scheduled_spec_decode_tokens=scheduled_spec_decode_tokens,
         )
         self._update_after_schedule(scheduler_output)
         return scheduler_output
@@ -303,6 +321,7 @@ class Scheduler(_reference.Scheduler):
         logprobs = model_runner_output.logprobs
         outputs: list[EngineCoreOutput] = []
         stopped_running_reqs: set[Request] = set()  # noqa: F841 (a lab region reads it)
+        spec_decoding_stats: SpecDecodingStats | None = None
 
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -310,6 +329,20 @@ class Scheduler(_reference.Scheduler):
                 continue  # aborted while the model was running
             req_index = model_runner_output.req_id_to_index[req_id]
             new_token_ids = sampled_token_ids[req_index] if sampled_token_ids else []
+
+            # Rejected drafts were counted as computed by _update_after_schedule:
+            # take them back, so the next step recomputes from the first rejected
+            # position. The runner returns accepted drafts + 1 token of its own.
+            # (mirrors vllm/v1/core/sched/scheduler.py:1368-1390)
+            scheduled_spec_token_ids = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if scheduled_spec_token_ids and new_token_ids:
+                num_draft_tokens = len(scheduled_spec_token_ids)
+                num_accepted = len(new_token_ids) - 1
+                if request.num_computed_tokens > 0:
+                    request.num_computed_tokens -= num_draft_tokens - num_accepted
+                spec_decoding_stats = self.make_spec_decoding_stats(
+                    spec_decoding_stats, num_draft_tokens, num_accepted
+                )
 
             stopped = False
             if new_token_ids:
@@ -346,7 +379,9 @@ class Scheduler(_reference.Scheduler):
             "Lab 03.5: drop the stopped requests from running (labs/phase_03/scheduler.py)"
         )
         # END LAB 03.5
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+        return EngineCoreOutputs(
+            outputs=outputs, scheduler_stats=self.make_stats(spec_decoding_stats)
+        )
 
     # BEGIN LAB 03.5: append sampled tokens one by one, stop at the first that ends it
     # mirrors vllm/v1/core/sched/scheduler.py:1649-1665

@@ -84,4 +84,5 @@ class GPUModelRunner(_reference.GPUModelRunner):
             batch.add_request(state)
         batch.condense()
         self._may_reorder_batch(scheduler_output)
+        self._write_spec_token_ids(scheduler_output)
         batch.refresh_metadata()

@@ -115,7 +115,7 @@ class EngineCoreThread:
     def run_busy_loop(self) -> None:
         while self._process_input_queue():
             try:
-                outputs = self.engine_core.step()
+                outputs = self.engine_core.step_fn()
             except Exception as e:
                 failed = list(self.engine_core.scheduler.requests)
                 self.engine_core.fail_requests(failed)

@@ -177,7 +177,20 @@ class EngineCore:
         with async scheduling. Upstream picks one when the engine is built
         (core.py:216-218) and its InprocClient calls it; a method here, so that
         a ``step`` shadowed on the instance (the labs' recorders) is the one run."""
-        return self.step() if self.batch_queue is None else self.step_with_batch_queue()
+        if self.batch_queue is not None:
+            return self.step_with_batch_queue()
+        outputs = self.step()
+        self.post_step()
+        return outputs
+
+    def post_step(self) -> None:
+        """With speculation, hand the drafts the runner proposed after this
+        step to the scheduler (vllm/v1/engine/core.py:459-467; upstream's busy
+        loop calls it after every step, and skips it with async scheduling)."""
+        if self.vllm_config.speculative_config is not None:
+            draft_token_ids = self.model_runner.take_draft_token_ids()
+            if draft_token_ids is not None:
+                self.scheduler.update_draft_token_ids(draft_token_ids)
 
     # mirrors vllm/v1/engine/core.py:469-585
     def step_with_batch_queue(self) -> EngineCoreOutputs:

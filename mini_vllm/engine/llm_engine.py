@@ -26,6 +26,7 @@ from mini_vllm.engine.output_processor import OutputProcessor
 from mini_vllm.metrics.stats import PrefixCacheStats
 from mini_vllm.outputs import RequestOutput
 from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.spec_decode.metrics import SpecDecodingStats
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -103,6 +104,11 @@ class LLMEngine:
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.prefix_cache_stats = PrefixCacheStats()
+        # Totals of every step's SpecDecodingStats (all zero without speculation).
+        spec = vllm_config.speculative_config
+        self.spec_decoding_stats = SpecDecodingStats.new(
+            spec.num_speculative_tokens if spec is not None else 0
+        )
 
     def add_request(
         self,
@@ -164,9 +170,17 @@ class LLMEngine:
     # END LAB 01.2
 
     def record_stats(self, stats) -> None:
-        """Add one step's prefix-cache counts to the totals ``get_stats`` reports."""
+        """Add one step's prefix-cache and spec-decode counts to the totals
+        ``get_stats`` reports."""
         if stats is None:
             return
+        step_spec, spec = stats.spec_decoding_stats, self.spec_decoding_stats
+        if step_spec is not None:
+            spec.num_drafts += step_spec.num_drafts
+            spec.num_draft_tokens += step_spec.num_draft_tokens
+            spec.num_accepted_tokens += step_spec.num_accepted_tokens
+            for pos, n in enumerate(step_spec.num_accepted_tokens_per_pos):
+                spec.num_accepted_tokens_per_pos[pos] += n
         total, new = self.prefix_cache_stats, stats.prefix_cache_stats
         total.requests += new.requests
         total.queries += new.queries
@@ -176,7 +190,9 @@ class LLMEngine:
         total.preempted_hits += new.preempted_hits
 
     def get_stats(self) -> dict:
-        """Totals since start: steps, preemptions, tokens, prefix-cache hits."""
+        """Totals since start: steps, preemptions, tokens, prefix-cache hits,
+        drafts (verified drafts, their tokens, accepted tokens, accepted per
+        draft position)."""
         core = self.engine_core
         return {
             "num_gpu_blocks": self.vllm_config.cache_config.num_gpu_blocks,
@@ -186,4 +202,10 @@ class LLMEngine:
             "prefix_cache_queries": self.prefix_cache_stats.queries,
             "prefix_cache_hits": self.prefix_cache_stats.hits,
             "model_forward_seconds": core.model_runner.forward_time,
+            "spec_num_drafts": self.spec_decoding_stats.num_drafts,
+            "spec_num_draft_tokens": self.spec_decoding_stats.num_draft_tokens,
+            "spec_num_accepted_tokens": self.spec_decoding_stats.num_accepted_tokens,
+            "spec_num_accepted_tokens_per_pos": list(
+                self.spec_decoding_stats.num_accepted_tokens_per_pos
+            ),
         }

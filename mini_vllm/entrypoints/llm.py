@@ -34,6 +34,7 @@ from mini_vllm.config import (
     DeviceConfig,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
     verify_logprobs_mode,
 )
@@ -81,6 +82,7 @@ class LLM:
         max_logprobs: int = 20,
         logits_processors: list[type] | None = None,
         logprobs_mode: str = "raw_logprobs",
+        speculative_config: dict | None = None,
     ) -> None:
         from mini_vllm.model_executor.model_loader import load_model
 
@@ -131,6 +133,11 @@ class LLM:
             ),
             device_config=DeviceConfig(device=device),
             attention_config=AttentionConfig(backend=attention_backend),
+            # e.g. {"method": "ngram", "num_speculative_tokens": 3,
+            # "prompt_lookup_min": 2, "prompt_lookup_max": 4}, as upstream's.
+            speculative_config=None
+            if speculative_config is None
+            else SpeculativeConfig(**speculative_config),
         )
         self.llm_engine = LLMEngine(config, loaded)
         self.request_counter = itertools.count()

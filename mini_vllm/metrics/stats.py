@@ -1,13 +1,16 @@
 """Scheduler and prefix-cache statistics.
 
 Mirrors upstream ``vllm/v1/metrics/stats.py`` at v0.22.1
-(``PrefixCacheStats`` at :115, ``SchedulerStats`` at :171). Left out: spec-decode,
+(``PrefixCacheStats`` at :115, ``SchedulerStats`` at :171; its spec-decode
+stats are ``mini_vllm.spec_decode.metrics.SpecDecodingStats``). Left out:
 connector, CUDA-graph and MFU stats, Prometheus export.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from mini_vllm.spec_decode.metrics import SpecDecodingStats
 
 
 @dataclass
@@ -43,3 +46,5 @@ class SchedulerStats:
     num_waiting_reqs: int = 0
     kv_cache_usage: float = 0.0
     prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    # This step's drafts and acceptances; None when no draft was verified.
+    spec_decoding_stats: SpecDecodingStats | None = None

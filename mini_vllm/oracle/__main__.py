@@ -1,7 +1,8 @@
 """``python -m mini_vllm.oracle record [--only scheduler|kv_cache|kv_sizing] [--check] [--out DIR]``
 
 Records everything the tests and graders compare against from the pinned
-upstream: the scheduler scenarios in ``mini_vllm.oracle.scenarios`` into
+upstream: the scheduler scenarios in ``mini_vllm.oracle.scenarios`` (with
+and without speculation) into
 tests/snapshots/scheduler, the KV-cache scenarios in
 ``mini_vllm.oracle.kv_scenarios`` into tests/snapshots/kv_cache, and the
 KV-cache sizing cases of ``mini_vllm.oracle.kv_sizing`` into
@@ -18,10 +19,10 @@ from pathlib import Path
 
 from mini_vllm.oracle import kv_sizing, kv_snapshots, snapshots
 from mini_vllm.oracle.kv_scenarios import KV_SCENARIOS
-from mini_vllm.oracle.scenarios import SCENARIOS
+from mini_vllm.oracle.scenarios import SCENARIOS, SPEC_SCENARIOS
 
 KINDS = {
-    "scheduler": (snapshots, SCENARIOS),
+    "scheduler": (snapshots, SCENARIOS + SPEC_SCENARIOS),
     "kv_cache": (kv_snapshots, KV_SCENARIOS),
 }
 # Kinds recorded into one file: {kind: (module with record() and dumps(), committed path)}.

@@ -4,6 +4,12 @@ Each one isolates a rule a student must get right; together they cover
 chunked prefill, prefix caching, both preemption policies, the admission
 gates, stop conditions and aborts. Prompts are built from small patterns so
 a reader can follow the block ids in the recorded JSON by hand.
+
+``SPEC_SCENARIOS`` run with n-gram speculation (``num_speculative_tokens``):
+the driver's fake drafter and fake verifier (``mini_vllm.oracle.workload``)
+supply the drafts and how many are accepted. They are recorded beside the
+others but kept apart, since only the scheduler takes part in them (the
+model-runner oracles replay ``SCENARIOS`` alone).
 """
 
 from __future__ import annotations
@@ -201,8 +207,133 @@ SCENARIOS: list[Workload] = [
 ]
 
 
+SPEC_SCENARIOS: list[Workload] = [
+    Workload(
+        # Drafts of 3 with 3, 0, 1, 2 accepted in turn: the rollback of each
+        # rejected draft and the per-position acceptance counts.
+        "spec_accept_and_reject",
+        dict(
+            block_size=4,
+            num_blocks=64,
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            max_model_len=64,
+            num_speculative_tokens=3,
+        ),
+        [
+            RequestSpec(
+                "a",
+                _prompt(1, 6),
+                max_tokens=16,
+                ignore_eos=True,
+                draft_lens=[3],
+                accepted=[3, 0, 1, 2],
+            ),
+            RequestSpec(
+                "b",
+                _prompt(2, 9),
+                max_tokens=12,
+                ignore_eos=True,
+                draft_lens=[3, 1, 0],
+                accepted=[1],
+            ),
+        ],
+    ),
+    Workload(
+        # A budget of 8 tokens for 3 decoding requests with 4 drafts each, and a
+        # long-prefill threshold of 3: drafts are cut to what the budget leaves.
+        "spec_budget_trims_drafts",
+        dict(
+            block_size=4,
+            num_blocks=64,
+            max_num_batched_tokens=8,
+            max_num_seqs=4,
+            max_model_len=64,
+            num_speculative_tokens=4,
+            long_prefill_token_threshold=3,
+        ),
+        [
+            RequestSpec(
+                f"r{i}",
+                _prompt(i, 5),
+                max_tokens=10,
+                ignore_eos=True,
+                draft_lens=[4],
+                accepted=[4, 2],
+            )
+            for i in range(3)
+        ],
+    ),
+    Workload(
+        # A tight cache under PRIORITY: a request scheduled with drafts is
+        # preempted later in the same step, and its drafts are dropped.
+        "spec_preemption_priority",
+        dict(
+            block_size=4,
+            num_blocks=17,
+            max_num_batched_tokens=64,
+            max_num_seqs=8,
+            max_model_len=64,
+            num_speculative_tokens=2,
+            policy="priority",
+        ),
+        [
+            RequestSpec(
+                f"r{i}",
+                _prompt(i, 10 + 3 * i),
+                max_tokens=20,
+                ignore_eos=True,
+                priority=p,
+                arrive_step=i,
+                draft_lens=[2],
+                accepted=[2, 1, 0],
+            )
+            # Later arrivals have better priorities, so they preempt requests
+            # that sit earlier in the running list and were already scheduled.
+            for i, p in enumerate([3, 2, 1, 0, 0])
+        ],
+    ),
+    Workload(
+        # EOS and a stop token inside accepted drafts end the request there;
+        # near max_model_len the drafts are cut so no position reaches it.
+        "spec_stops_inside_drafts",
+        dict(
+            block_size=4,
+            num_blocks=64,
+            max_num_batched_tokens=64,
+            max_num_seqs=4,
+            max_model_len=24,
+            num_speculative_tokens=5,
+        ),
+        [
+            RequestSpec(
+                "eos", _prompt(1, 6), max_tokens=20, eos_at=4, draft_lens=[5], accepted=[5]
+            ),
+            RequestSpec(
+                "stop",
+                _prompt(2, 6),
+                max_tokens=20,
+                stop_token_ids=[7],
+                stop_at=3,
+                draft_lens=[5],
+                accepted=[5],
+            ),
+            RequestSpec(
+                "model_len",
+                _prompt(3, 16),
+                max_tokens=20,
+                ignore_eos=True,
+                draft_lens=[5],
+                accepted=[5],
+            ),
+        ],
+    ),
+]
+
+
 def get_scenario(name: str) -> Workload:
-    for workload in SCENARIOS:
+    for workload in SCENARIOS + SPEC_SCENARIOS:
         if workload.name == name:
             return workload
-    raise KeyError(f"no scenario named {name!r}; known: {[w.name for w in SCENARIOS]}")
+    known = [w.name for w in SCENARIOS + SPEC_SCENARIOS]
+    raise KeyError(f"no scenario named {name!r}; known: {known}")

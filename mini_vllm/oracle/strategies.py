@@ -81,3 +81,19 @@ def workloads(draw) -> Workload:
             )
         )
     return Workload(name="generated", config=config, requests=requests)
+
+
+@st.composite
+def spec_workloads(draw) -> Workload:
+    """A workload from ``workloads()`` run with n-gram speculation: 1-5
+    speculative tokens, and per request a cycle of fake draft lengths (0 up
+    to past the cap, which the driver clips) and of accepted-draft counts
+    (0 up to past the drafts, clipped too)."""
+    workload = draw(workloads())
+    k = draw(st.integers(1, 5))
+    workload.config["num_speculative_tokens"] = k
+    for spec in workload.requests:
+        spec.draft_lens = draw(st.lists(st.integers(0, k + 1), min_size=1, max_size=4))
+        spec.accepted = draw(st.lists(st.integers(0, k + 1), min_size=1, max_size=4))
+    workload.name = "generated-spec"
+    return workload

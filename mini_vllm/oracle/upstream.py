@@ -34,6 +34,7 @@ from vllm.config import (  # noqa: E402
     DeviceConfig,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -47,7 +48,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheConfig,
     KVCacheGroupSpec,
 )
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -60,6 +61,7 @@ __all__ = [
     "EOS_TOKEN_ID",
     "RequestStatus",
     "ModelRunnerOutput",
+    "DraftTokenIds",
     "create_scheduler",
     "create_requests",
     "create_kv_cache_manager",
@@ -126,6 +128,7 @@ def create_scheduler(
     policy: str = "fcfs",
     scheduler_reserve_full_isl: bool = True,
     async_scheduling: bool = False,
+    num_speculative_tokens: int | None = None,
 ) -> Scheduler:
     """Upstream's Scheduler, or its AsyncScheduler with ``async_scheduling``
     (the class upstream's engine picks for that setting)."""
@@ -150,11 +153,18 @@ def create_scheduler(
         seed=0,
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    # As upstream's test helper (tests/v1/core/utils.py) builds it: n-gram drafts.
+    speculative_config = None
+    if num_speculative_tokens is not None:
+        speculative_config = SpeculativeConfig(
+            method="ngram", num_speculative_tokens=num_speculative_tokens
+        )
     vllm_config = VllmConfig(
         scheduler_config=scheduler_config,
         model_config=model_config,
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
+        speculative_config=speculative_config,
     )
     asked = {
         "max_num_seqs": max_num_seqs,
@@ -174,6 +184,7 @@ def create_scheduler(
         got != asked
         or got_cache != (block_size, enable_prefix_caching)
         or vllm_config.model_config.max_model_len != max_model_len
+        or (speculative_config is not None and vllm_config.speculative_config.method != "ngram")
     ):
         raise RuntimeError(f"vllm rewrote the configuration: asked {asked}, got {got}, {got_cache}")
     kv_cache_config = _kv_cache_config(num_blocks, block_size)

@@ -6,7 +6,11 @@ A *backend* is anything with ``create_scheduler(**config)``,
 driver runs the loop upstream's EngineCore runs (``schedule()`` -> model ->
 ``update_from_output()``) with a fake model whose next token depends only on
 (request id, output index), so two schedulers that agree see identical
-tokens, and a trace records every step as JSON-ready data. ``Progress``
+tokens, and a trace records every step as JSON-ready data. With
+``num_speculative_tokens`` in the config the driver also plays the drafter
+and the rejection sampler: after each step it proposes fake drafts (lengths
+from ``RequestSpec.draft_lens``), and the fake model accepts a number of the
+scheduled drafts given by ``RequestSpec.accepted``. ``Progress``
 fails a run in which no request advances for ``NO_PROGRESS_STEPS`` steps in
 a row (it could never end), with the scheduler's state.
 """
@@ -40,6 +44,17 @@ class RequestSpec:
     stop_at: int | None = None
     # Step (before schedule()) at which the request is aborted.
     abort_step: int | None = None
+    # Speculation only (the config's num_speculative_tokens): after a step in
+    # which the request has n output tokens, it is given draft_lens[n % len]
+    # drafts (capped at num_speculative_tokens; none if the list is empty);
+    # when n output tokens precede a verification, accepted[n % len] of the
+    # scheduled drafts are accepted (0 if the list is empty).
+    draft_lens: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+
+# Left out of a saved workload when empty, so pre-speculation snapshots keep their bytes.
+_SPEC_FIELDS = ("draft_lens", "accepted")
 
 
 @dataclass
@@ -51,7 +66,12 @@ class Workload:
     max_steps: int = 20000
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        for r in d["requests"]:
+            for key in _SPEC_FIELDS:
+                if not r[key]:
+                    del r[key]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Workload:
@@ -107,6 +127,30 @@ def fake_token(spec: RequestSpec, index: int, eos_token_id: int) -> int:
     return FIRST_FAKE_TOKEN + zlib.crc32(f"{spec.req_id}:{index}".encode()) % FAKE_VOCAB
 
 
+def draft_tokens(
+    spec: RequestSpec, num_output_tokens: int, num_spec_tokens: int, eos: int
+) -> list[int]:
+    """The fake drafter's guess after a step that left ``num_output_tokens``
+    outputs: the fake model's own next tokens (so an accepted draft is what
+    the model would have said, EOS and stop tokens included)."""
+    if not spec.draft_lens:
+        return []
+    n = min(spec.draft_lens[num_output_tokens % len(spec.draft_lens)], num_spec_tokens)
+    return [fake_token(spec, num_output_tokens + i, eos) for i in range(n)]
+
+
+def verified_tokens(spec: RequestSpec, num_output_tokens: int, drafts: list[int], eos: int):
+    """What the fake model returns for a request whose ``drafts`` were
+    verified: the accepted prefix, then the bonus token (all accepted) or a
+    recovered token that differs from the first rejected draft."""
+    a = spec.accepted[num_output_tokens % len(spec.accepted)] if spec.accepted else 0
+    a = min(a, len(drafts))
+    token = fake_token(spec, num_output_tokens + a, eos)
+    if a < len(drafts) and token == drafts[a]:
+        token = FIRST_FAKE_TOKEN + (token + 1 - FIRST_FAKE_TOKEN) % FAKE_VOCAB
+    return list(drafts[:a]) + [token]
+
+
 def _finish_reason(reason) -> str | None:
     return None if reason is None else reason.name.lower()
 
@@ -153,6 +197,7 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
     """
     sched = scheduler or backend.create_scheduler(**workload.config)
     block_size = workload.config.get("block_size", 16)
+    num_spec_tokens = workload.config.get("num_speculative_tokens")
     eos = backend.EOS_TOKEN_ID
     specs = {s.req_id: s for s in workload.requests}
     # Arrival time = position in the workload's list (PRIORITY's tie-break).
@@ -183,6 +228,23 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
         runner_output = _fake_runner_output(backend, sched, out, specs, eos)
         result = sched.update_from_output(out, runner_output)
         record["outputs"] = _outputs(result)
+        stats = _spec_stats(result)
+        if stats is not None:
+            record["spec_stats"] = stats
+        if num_spec_tokens is not None:
+            # After update_from_output, as upstream's EngineCore.step
+            # (vllm/v1/engine/core.py:463-467). Harsher than a real proposer,
+            # to test the scheduler's side: requests still mid-prefill get
+            # drafts too (the scheduler must drop them), and a request with
+            # no draft is left out (its old drafts must not come back).
+            drafted = {
+                r: draft_tokens(specs[r], len(objects[r].output_token_ids), num_spec_tokens, eos)
+                for r in runner_output.req_ids
+            }
+            drafted = {r: d for r, d in drafted.items() if d}
+            sched.update_draft_token_ids(
+                backend.DraftTokenIds(list(drafted), list(drafted.values()))
+            )
         record["free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
         steps.append(record)
         progress.after_step(sched, step)
@@ -201,13 +263,18 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
 
 def _fake_runner_output(backend, sched, out, specs, eos):
     req_ids = list(out.num_scheduled_tokens)
+    spec_tokens = getattr(out, "scheduled_spec_decode_tokens", None) or {}
     sampled = []
     for req_id in req_ids:
         request = sched.requests[req_id]
-        if request.num_computed_tokens >= request.num_tokens:
-            sampled.append([fake_token(specs[req_id], request.num_output_tokens, eos)])
-        else:
+        if request.num_computed_tokens < request.num_tokens:
             sampled.append([])
+        elif req_id in spec_tokens:
+            sampled.append(
+                verified_tokens(specs[req_id], request.num_output_tokens, spec_tokens[req_id], eos)
+            )
+        else:
+            sampled.append([fake_token(specs[req_id], request.num_output_tokens, eos)])
     return backend.ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -215,10 +282,27 @@ def _fake_runner_output(backend, sched, out, specs, eos):
     )
 
 
+def _spec_stats(result) -> list | None:
+    """The step's SpecDecodingStats as [drafts, draft tokens, accepted, per
+    position], or None. Upstream puts the stats on one client's outputs."""
+    ecos = list(result.values()) if isinstance(result, dict) else [result]
+    for eco in ecos:
+        stats = eco.scheduler_stats and eco.scheduler_stats.spec_decoding_stats
+        if stats:
+            return [
+                stats.num_drafts,
+                stats.num_draft_tokens,
+                stats.num_accepted_tokens,
+                list(stats.num_accepted_tokens_per_pos),
+            ]
+    return None
+
+
 def describe_scheduler_output(out) -> dict:
-    """The parts of a SchedulerOutput that mini_vllm must reproduce exactly."""
+    """The parts of a SchedulerOutput that mini_vllm must reproduce exactly
+    (``spec_tokens`` only in a step that schedules drafts)."""
     cached = out.scheduled_cached_reqs
-    return {
+    record = {
         "scheduled": [[r, n] for r, n in out.num_scheduled_tokens.items()],
         "new": [
             [d.req_id, _group0(d.block_ids), d.num_computed_tokens] for d in out.scheduled_new_reqs
@@ -239,6 +323,10 @@ def describe_scheduler_output(out) -> dict:
         "finished": sorted(out.finished_req_ids),
         "common_prefix_blocks": list(out.num_common_prefix_blocks),
     }
+    spec_tokens = getattr(out, "scheduled_spec_decode_tokens", None)
+    if spec_tokens:
+        record["spec_tokens"] = [[r, list(t)] for r, t in spec_tokens.items()]
+    return record
 
 
 FIELD_WORDS = {
@@ -250,8 +338,10 @@ FIELD_WORDS = {
     "preempted": "preempted request ids",
     "finished": "finished request ids reported to the workers",
     "common_prefix_blocks": "number of common prefix blocks",
+    "spec_tokens": "drafts scheduled for verification (id, draft tokens)",
     "outputs": "update_from_output results (id, new tokens, finish reason, stop reason)",
     "free_blocks": "free KV blocks after the step",
+    "spec_stats": "spec-decode stats (drafts, draft tokens, accepted, accepted per position)",
 }
 
 

@@ -2,11 +2,12 @@
 
 Mirrors upstream ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``
 :415: ``_may_reorder_batch`` :1054, ``_update_states`` :1116,
-``_prepare_inputs`` :1863, ``_sample`` :3481, ``_bookkeeping_sync`` :3512,
-``execute_model`` :3955) at v0.22.1. Left out: CUDA graphs and the padding
-they need, async scheduling and async output copies, speculative decoding,
-LoRA, multimodal, pooling, prompt logprobs, pipeline parallelism; see
-UPSTREAM_PIN.md.
+``_prepare_inputs`` :1863, ``_calc_spec_decode_metadata`` :2713, ``_sample``
+:3481, ``_bookkeeping_sync`` :3512, ``execute_model`` :3955,
+``take_draft_token_ids`` :4637, ``propose_draft_token_ids`` :4750) at v0.22.1.
+Left out: CUDA graphs and the padding they need, async scheduling and async
+output copies, draft-model and EAGLE speculation, LoRA, multimodal, pooling,
+prompt logprobs, pipeline parallelism; see UPSTREAM_PIN.md.
 
 One step:
 
@@ -28,6 +29,17 @@ One step:
 4. ``_bookkeeping_sync`` throws away the tokens of rows still mid-prefill
    and appends the others to the batch and to the request states.
 
+With n-gram speculation (``VllmConfig.speculative_config``) a decoding row
+also carries the drafts the scheduler scheduled for it: they are written
+after its real tokens in ``token_ids_cpu``, so they go through the forward
+like any other token; the logits at the row's last ``1 + drafts`` positions
+are kept (``SpecDecodeMetadata``), the ``RejectionSampler`` keeps the
+accepted drafts plus one token of the target's own, and after bookkeeping
+the ``NgramProposer`` drafts the next step's guesses from each row's tokens
+(``take_draft_token_ids`` hands them to the engine). The KV written for
+rejected drafts is simply overwritten next step: the scheduler has rolled
+``num_computed_tokens`` back before it.
+
 Invariant: between steps, for every request in the batch, row ``i`` of
 ``token_ids_cpu`` holds its prompt then its output tokens
 (``num_tokens_no_spec[i]`` of them) and equals its ``CachedRequestState``.
@@ -46,13 +58,16 @@ from mini_vllm.attention.backends.utils import reorder_batch_to_split_decodes_an
 from mini_vllm.config import VllmConfig
 from mini_vllm.core.sched.output import SchedulerOutput
 from mini_vllm.forward_context import set_forward_context
-from mini_vllm.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from mini_vllm.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
 from mini_vllm.sample.logits_processor import (
     LogitBiasLogitsProcessor,
     LogitsProcessors,
     MinPLogitsProcessor,
 )
+from mini_vllm.sample.rejection_sampler import RejectionSampler
 from mini_vllm.sample.sampler import Sampler, SamplerOutput
+from mini_vllm.spec_decode.metadata import SpecDecodeMetadata
+from mini_vllm.spec_decode.ngram_proposer import NgramProposer
 from mini_vllm.utils import CpuGpuBuffer
 from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
 
@@ -68,6 +83,8 @@ class PreparedInputs:
     logits_indices: torch.Tensor  # int32 [num_reqs]: each row's last token
     # bool [num_reqs]: rows whose sampled token is thrown away (still mid-prefill)
     discard_request_mask: np.ndarray
+    # Where the drafts' logits rows are, when this step verifies drafts.
+    spec_decode_metadata: SpecDecodeMetadata | None = None
 
 
 def reorder_threshold_of(model: torch.nn.Module) -> int | None:
@@ -104,6 +121,19 @@ class GPUModelRunner:
             logitsprocs=build_logitsprocs(vllm_config, self.device),
         )
         self.sampler = Sampler(vllm_config.model_config.logprobs_mode)
+        # N-gram speculation: the proposer drafts after each step, the
+        # rejection sampler verifies the drafts the next step.
+        spec = vllm_config.speculative_config
+        self.drafter: NgramProposer | None = None
+        if spec is not None:
+            self.drafter = NgramProposer(
+                spec.prompt_lookup_min,
+                spec.prompt_lookup_max,
+                spec.num_speculative_tokens,
+                self.max_model_len,
+            )
+            self.rejection_sampler = RejectionSampler(self.sampler)
+        self._draft_token_ids: list[list[int]] | None = None
 
         # Buffers at their largest size, reused every step (their device
         # addresses never change, which CUDA graphs will need).
@@ -215,7 +245,19 @@ class GPUModelRunner:
             batch.add_request(state)
         batch.condense()
         self._may_reorder_batch(scheduler_output)
+        self._write_spec_token_ids(scheduler_output)
         batch.refresh_metadata()
+
+    def _write_spec_token_ids(self, scheduler_output: SchedulerOutput) -> None:
+        """Put each row's scheduled drafts right after its real tokens in
+        ``token_ids_cpu`` (``num_tokens_no_spec`` does not count them), as
+        upstream's ``InputBatch.update_req_spec_token_ids``. Done once the
+        rows are final: condense and reorder move only the real tokens."""
+        batch = self.input_batch
+        for req_id, draft_ids in scheduler_output.scheduled_spec_decode_tokens.items():
+            req_index = batch.req_id_to_index[req_id]
+            start = int(batch.num_tokens_no_spec[req_index])
+            batch.token_ids_cpu[req_index, start : start + len(draft_ids)] = draft_ids
 
     def _may_reorder_batch(self, scheduler_output: SchedulerOutput) -> None:
         """Decodes first, if the attention backend asks for it."""
@@ -253,6 +295,16 @@ class GPUModelRunner:
         self.seq_lens.np[num_reqs:] = 0
         seq_lens = self.seq_lens.copy_to_gpu()[:num_reqs]
 
+        spec_decode_metadata = None
+        logits_indices = query_start_loc[1:] - 1  # every row samples from its last token
+        if scheduler_output.scheduled_spec_decode_tokens:
+            spec = scheduler_output.scheduled_spec_decode_tokens
+            num_draft_tokens = np.array(
+                [len(spec.get(req_id, ())) for req_id in batch.req_ids], dtype=np.int32
+            )  # [num_reqs]
+            spec_decode_metadata = self._calc_spec_decode_metadata(num_draft_tokens, cu_num_tokens)
+            logits_indices = spec_decode_metadata.logits_indices
+
         slot_mapping = self.prepare_slot_mapping(num_reqs, query_start_loc, total)
         attn_metadata = AttentionMetadata(
             num_actual_tokens=total,
@@ -267,10 +319,59 @@ class GPUModelRunner:
             input_ids=self.input_ids.gpu[:total],
             positions=self.positions.gpu[:total],
             attn_metadata=attn_metadata,
-            # Every row samples from its last token (gpu_model_runner.py:2135) ...
-            logits_indices=query_start_loc[1:] - 1,
+            # Every row samples from its last token (gpu_model_runner.py:2135),
+            # or from its last 1 + drafts tokens when verifying drafts ...
+            logits_indices=logits_indices,
             # ... and a row whose prompt is not done throws its token away.
             discard_request_mask=seq_lens_np < batch.num_tokens_no_spec[:num_reqs],
+            spec_decode_metadata=spec_decode_metadata,
+        )
+
+    def _calc_spec_decode_metadata(
+        self, num_draft_tokens: np.ndarray, cu_num_scheduled_tokens: np.ndarray
+    ) -> SpecDecodeMetadata:
+        """Which logits rows verify which drafts. A row with d drafts keeps
+        the logits of its last d + 1 tokens: d "target" rows (the model's
+        opinion at each draft's position) and one "bonus" row after them.
+
+        Drafts [3, 0, 2] with cumulative scheduled tokens [4, 104, 107] give
+        logits_indices [0, 1, 2, 3, 103, 104, 105, 106], target rows
+        [0, 1, 2, 5, 6] and bonus rows [3, 4, 7] (of the kept logits).
+        """
+        num_sampled_tokens = num_draft_tokens + 1  # [num_reqs]
+        cu_num_sampled_tokens = np.cumsum(num_sampled_tokens, dtype=np.int32)  # [num_reqs]
+        cu_num_draft_tokens = np.cumsum(num_draft_tokens, dtype=np.int32)  # [num_reqs]
+        # Each kept position's offset inside its own row's block of kept rows.
+        sampled_offsets = self.arange_np[: cu_num_sampled_tokens[-1]] - np.repeat(
+            cu_num_sampled_tokens - num_sampled_tokens, num_sampled_tokens
+        )  # [num_logits]
+        logits_indices = (
+            np.repeat(cu_num_scheduled_tokens - num_sampled_tokens, num_sampled_tokens)
+            + sampled_offsets
+        )  # [num_logits]
+        draft_offsets = self.arange_np[: cu_num_draft_tokens[-1]] - np.repeat(
+            cu_num_draft_tokens - num_draft_tokens, num_draft_tokens
+        )  # [num_drafts]
+        target_logits_indices = (
+            np.repeat(cu_num_sampled_tokens - num_sampled_tokens, num_draft_tokens) + draft_offsets
+        )  # [num_drafts]
+        bonus_logits_indices = cu_num_sampled_tokens - 1  # [num_reqs]
+        # The drafts are the input tokens right after each target position.
+        input_ids = self.input_ids.gpu
+        draft_positions = torch.from_numpy(logits_indices[target_logits_indices] + 1)
+        draft_token_ids = input_ids[draft_positions.to(self.device)]
+
+        def to_device(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a.astype(np.int32)).to(self.device)
+
+        return SpecDecodeMetadata(
+            draft_token_ids=draft_token_ids.to(torch.int32),  # [num_drafts]
+            num_draft_tokens=num_draft_tokens.tolist(),
+            cu_num_draft_tokens=to_device(cu_num_draft_tokens),
+            cu_num_sampled_tokens=to_device(cu_num_sampled_tokens),
+            target_logits_indices=to_device(target_logits_indices),
+            bonus_logits_indices=to_device(bonus_logits_indices),
+            logits_indices=to_device(logits_indices),
         )
 
     def prepare_input_ids_and_positions(self, num_scheduled_tokens: np.ndarray) -> np.ndarray:
@@ -319,8 +420,14 @@ class GPUModelRunner:
 
     # --------------------------------------------------------------- sampling
 
-    def _sample(self, logits: torch.Tensor, discard_request_mask: np.ndarray) -> SamplerOutput:
-        """One token per row, from the batch's sampling metadata.
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        discard_request_mask: np.ndarray,
+        spec_decode_metadata: SpecDecodeMetadata | None = None,
+    ) -> SamplerOutput:
+        """One token per row, from the batch's sampling metadata; with drafts,
+        the rejection sampler's accepted drafts and one more token per row.
 
         A discarded row (still mid-prefill) draws too, so its generator must
         be put back: upstream rewinds the CUDA generator's offset
@@ -334,7 +441,12 @@ class GPUModelRunner:
             for i in np.flatnonzero(discard_request_mask)
             if int(i) in generators
         }
-        sampler_output = self.sampler(logits, self.input_batch.sampling_metadata)
+        if spec_decode_metadata is None:
+            sampler_output = self.sampler(logits, self.input_batch.sampling_metadata)
+        else:
+            sampler_output = self.rejection_sampler(
+                spec_decode_metadata, None, logits, self.input_batch.sampling_metadata
+            )
         for i, state in saved.items():
             generators[i].set_state(state)
         return sampler_output
@@ -346,7 +458,11 @@ class GPUModelRunner:
         append them to the batch's token table and to the request states.
         Return (tokens per row, logprobs per row or None)."""
         batch = self.input_batch
-        valid_sampled_token_ids = [[t] for t in sampler_output.sampled_token_ids.tolist()]
+        token_ids = sampler_output.sampled_token_ids
+        if token_ids.dim() == 1:  # [num_reqs]: one token a row
+            valid_sampled_token_ids = [[t] for t in token_ids.tolist()]
+        else:  # [num_reqs, max_spec_len + 1]: the rejection sampler's layout
+            valid_sampled_token_ids = RejectionSampler.parse_output(token_ids, self.vocab_size)
         for i in np.flatnonzero(discard_request_mask):
             valid_sampled_token_ids[i].clear()
 
@@ -389,17 +505,38 @@ class GPUModelRunner:
         start = time.perf_counter()
         with set_forward_context(inputs.attn_metadata):
             hidden_states = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden]
-        logits = self.model.compute_logits(hidden_states[inputs.logits_indices])  # [num_reqs, V]
-        sampler_output = self._sample(logits, inputs.discard_request_mask)
+        # [num_logits, V]: one row a request, 1 + drafts rows when verifying drafts
+        logits = self.model.compute_logits(hidden_states[inputs.logits_indices])
+        sampler_output = self._sample(
+            logits, inputs.discard_request_mask, inputs.spec_decode_metadata
+        )
         self.forward_time += time.perf_counter() - start
 
         sampled, logprobs = self._bookkeeping_sync(sampler_output, inputs.discard_request_mask)
+        if self.drafter is not None:
+            self._draft_token_ids = self.propose_draft_token_ids(sampled)
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index=dict(self.input_batch.req_id_to_index),
             sampled_token_ids=sampled,
             logprobs=logprobs,
         )
+
+    def propose_draft_token_ids(self, sampled_token_ids: list[list[int]]) -> list[list[int]]:
+        """Next step's drafts, one list per row (empty where the row sampled
+        nothing), from each row's tokens including the ones just sampled."""
+        batch = self.input_batch
+        return self.drafter.propose(
+            sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu
+        )
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts of the last step, once (None if there are none)."""
+        if self._draft_token_ids is None:
+            return None
+        draft_token_ids = DraftTokenIds(list(self.input_batch.req_ids), self._draft_token_ids)
+        self._draft_token_ids = None
+        return draft_token_ids
 
 
 def build_logitsprocs(vllm_config: VllmConfig, device: torch.device) -> LogitsProcessors:

@@ -14,9 +14,14 @@ The same workloads also run through both AsyncSchedulers with outputs
 delivered one step late (mini_vllm/oracle/async_workload.py: a batch queue of
 two, as upstream's step_with_batch_queue); every engine step's batch, the
 delivered output, the placeholders and each request's counts must be equal.
+And they run with n-gram speculation (1-5 draft tokens): the driver gives each
+request fake drafts after every step and the fake model accepts a drawn number
+of them, so the drafts each step schedules, the rollback of rejected drafts,
+and the spec-decode stats must match too.
 
 MINI_VLLM_LOCKSTEP_EXAMPLES sets the number of generated cases (default 2000),
-MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES the number of async ones (default 500).
+MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES the async ones (default 500),
+MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES the speculative ones (default 500).
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ from hypothesis import HealthCheck, given, settings
 
 import mini_vllm.testing as mini
 from mini_vllm.oracle.async_workload import ASYNC_FIELD_WORDS, run_workload_async
-from mini_vllm.oracle.strategies import workloads
+from mini_vllm.oracle.strategies import spec_workloads, workloads
 from mini_vllm.oracle.workload import RequestSpec, Workload, first_difference, run_workload
 
 pytestmark = pytest.mark.upstream
 
 EXAMPLES = int(os.environ.get("MINI_VLLM_LOCKSTEP_EXAMPLES", "2000"))
 ASYNC_EXAMPLES = int(os.environ.get("MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES", "500"))
+SPEC_EXAMPLES = int(os.environ.get("MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES", "500"))
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +126,49 @@ def test_async_placeholders_go_1_2_1(upstream):
         )
         is None
     )
+
+
+@settings(
+    max_examples=SPEC_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(workload=spec_workloads())
+def test_spec_lockstep_with_upstream(upstream, counts, workload):
+    expected = run_workload(upstream, workload)
+    got = run_workload(mini, workload)
+    steps = expected["steps"]
+    counts["spec lockstep examples"] = counts.get("spec lockstep examples", 0) + 1
+    for key, value in (
+        ("spec lockstep steps with drafts", sum("spec_tokens" in s for s in steps)),
+        ("spec lockstep accepted drafts", sum(s.get("spec_stats", [0, 0, 0])[2] for s in steps)),
+        (
+            "spec lockstep rejected drafts",
+            sum(s["spec_stats"][1] - s["spec_stats"][2] for s in steps if "spec_stats" in s),
+        ),
+        (
+            "spec lockstep examples with preemption and drafts",
+            any(s["preempted"] for s in steps) and any("spec_tokens" in s for s in steps),
+        ),
+    ):
+        counts[key] = counts.get(key, 0) + value
+    diff = first_difference(expected, got)
+    assert diff is None, f"{diff}\nconfig: {workload.config}"
+
+
+def test_spec_workloads_exercise_drafts(counts):
+    """The speculative workloads must schedule drafts, accept some, reject
+    some, and preempt requests that carry drafts. Runs after the test above."""
+    if counts.get("spec lockstep examples", 0) < 50:
+        pytest.skip("too few speculative lockstep examples ran to judge coverage")
+    for key in (
+        "spec lockstep steps with drafts",
+        "spec lockstep accepted drafts",
+        "spec lockstep rejected drafts",
+        "spec lockstep examples with preemption and drafts",
+    ):
+        assert counts[key] > 0, counts
 
 
 def test_block_hashes_equal_upstream(upstream):

@@ -91,6 +91,7 @@ CORE_MODULES = (
     "core/sched/interface.py",
     "core/sched/scheduler.py",
     "core/sched/async_scheduler.py",
+    "spec_decode/metrics.py",
     "utils/hashing.py",
 )
 

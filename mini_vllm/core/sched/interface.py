@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from mini_vllm.core.sched.output import SchedulerOutput
     from mini_vllm.engine import EngineCoreOutputs
     from mini_vllm.metrics.stats import SchedulerStats
-    from mini_vllm.outputs import ModelRunnerOutput
+    from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
     from mini_vllm.request import Request, RequestStatus
 
 
@@ -38,6 +38,12 @@ class SchedulerInterface(ABC):
     ) -> EngineCoreOutputs:
         """Take in the model's sampled tokens; return the step's outputs.
         (Upstream returns one EngineCoreOutputs per client index.)"""
+        raise NotImplementedError
+
+    @abstractmethod
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        """Hand each request the drafts proposed after this step; they are
+        scheduled (and verified) next step."""
         raise NotImplementedError
 
     @abstractmethod

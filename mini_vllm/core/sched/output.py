@@ -2,8 +2,8 @@
 
 Mirrors upstream ``vllm/v1/core/sched/output.py`` at v0.22.1
 (``NewRequestData`` :31, ``CachedRequestData`` :112, ``SchedulerOutput``
-:181). Left out: multimodal, LoRA, pooling, spec-decode, connector and
-grammar fields.
+:181). Left out: multimodal, LoRA, pooling, connector and grammar fields
+(``num_invalid_spec_tokens`` with them: only a grammar invalidates drafts).
 
 The split is the point: a request scheduled for the first time travels in
 full (``NewRequestData``: prompt, sampling params, all its block ids); after
@@ -75,6 +75,11 @@ class SchedulerOutput:
     # Requests that finished since the previous schedule() (workers free state).
     finished_req_ids: set[str]
     preempted_req_ids: set[str] = field(default_factory=set)
+    # req_id -> the drafts to verify this step (a request without drafts is
+    # absent). Its num_scheduled_tokens count them: 1 + len(drafts) for a
+    # decoding request. (Upstream's field sits after total_num_scheduled_tokens;
+    # here it has a default, at the end, so pre-speculation callers still work.)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:

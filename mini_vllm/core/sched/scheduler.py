@@ -3,7 +3,8 @@
 Mirrors upstream ``vllm/v1/core/sched/scheduler.py`` at v0.22.1:
 ``schedule`` (:329), ``_preempt_request`` (:929), ``_update_after_schedule``
 (:951), ``_make_cached_request_data`` (:1036), ``update_from_output``
-(:1283), ``add_request`` (:1755), ``finish_requests`` (:1779).
+(:1283), ``update_draft_token_ids`` (:1691), ``add_request`` (:1755),
+``finish_requests`` (:1779), ``make_spec_decoding_stats`` (:2006).
 What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
@@ -12,7 +13,10 @@ Invariants kept:
   with its ``num_tokens`` (a long prompt takes several steps);
 - a step's scheduled tokens never exceed ``max_num_batched_tokens``, and no
   more than ``max_num_seqs`` requests run;
-- a step that preempted admits no waiting request.
+- a step that preempted admits no waiting request;
+- with speculation, a running request's drafts are scheduled as extra
+  tokens (``num_tokens_with_spec``), charged to the same budget, and the
+  rejected ones are taken back off ``num_computed_tokens`` once verified.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from mini_vllm.core.sched.request_queue import SchedulingPolicy, create_request_
 from mini_vllm.core.sched.utils import check_stop, remove_all
 from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs
 from mini_vllm.metrics.stats import SchedulerStats
-from mini_vllm.outputs import ModelRunnerOutput
+from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
+from mini_vllm.spec_decode.metrics import SpecDecodingStats
 
 
 class Scheduler(SchedulerInterface):
@@ -42,6 +47,15 @@ class Scheduler(SchedulerInterface):
         self.max_num_scheduled_tokens = self.scheduler_config.max_num_batched_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         self.block_size = self.cache_config.block_size
+
+        # Speculation (vllm/v1/core/sched/scheduler.py:211-220). Upstream also
+        # sets num_lookahead_tokens, KV slots reserved past the drafts: EAGLE
+        # and draft models need them, n-gram does not (0), so mini_vllm's
+        # allocate_slots has no lookahead argument.
+        speculative_config = vllm_config.speculative_config
+        self.num_spec_tokens = 0
+        if speculative_config is not None:
+            self.num_spec_tokens = speculative_config.num_speculative_tokens
 
         num_gpu_blocks = self.cache_config.num_gpu_blocks
         if num_gpu_blocks is None or num_gpu_blocks < 2:
@@ -99,6 +113,8 @@ class Scheduler(SchedulerInterface):
         req_to_new_blocks: dict[str, KVCacheBlocks] = {}
         num_scheduled_tokens: dict[str, int] = {}
         token_budget = self.max_num_scheduled_tokens
+        # req_id -> the drafts scheduled for verification this step.
+        scheduled_spec_decode_tokens: dict[str, list[int]] = {}
 
         # Phase 1: the RUNNING requests, in order.
         # (mirrors vllm/v1/core/sched/scheduler.py:366-499)
@@ -153,6 +169,7 @@ class Scheduler(SchedulerInterface):
                         scheduled_running_reqs.remove(preempted_req)
                         token_budget += num_scheduled_tokens.pop(preempted_req.request_id)
                         req_to_new_blocks.pop(preempted_req.request_id)
+                        scheduled_spec_decode_tokens.pop(preempted_req.request_id, None)
                         req_index -= 1
                 else:
                     # FCFS: the most recently admitted request.
@@ -175,6 +192,20 @@ class Scheduler(SchedulerInterface):
             token_budget -= num_new_tokens
             req_index += 1
             # END LAB 03.1
+
+            # Drafts: whatever the budget and the caps left of num_new_tokens
+            # beyond the request's real tokens is drafts, cut to that count.
+            # (mirrors vllm/v1/core/sched/scheduler.py:502-517)
+            if request.spec_token_ids:
+                num_scheduled_spec_tokens = (
+                    num_new_tokens + request.num_computed_tokens - request.num_tokens
+                )
+                if num_scheduled_spec_tokens > 0:
+                    scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[
+                        :num_scheduled_spec_tokens
+                    ]
+                # Fresh drafts arrive through update_draft_token_ids after the step.
+                request.spec_token_ids = []
 
         # Phase 2: admit WAITING requests in queue order while three gates
         # stay open. (Upstream checks the same three, in two `if`s and a
@@ -286,6 +317,7 @@ class Scheduler(SchedulerInterface):
             num_common_prefix_blocks=num_common_prefix_blocks,
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={req.request_id for req in preempted_reqs},
+            scheduled_spec_decode_tokens=scheduled_spec_decode_tokens,
         )
         self._update_after_schedule(scheduler_output)
         return scheduler_output
@@ -351,6 +383,7 @@ class Scheduler(SchedulerInterface):
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []  # drafts for KV it no longer has
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
 
@@ -384,6 +417,7 @@ class Scheduler(SchedulerInterface):
         logprobs = model_runner_output.logprobs
         outputs: list[EngineCoreOutput] = []
         stopped_running_reqs: set[Request] = set()
+        spec_decoding_stats: SpecDecodingStats | None = None
 
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -391,6 +425,20 @@ class Scheduler(SchedulerInterface):
                 continue  # aborted while the model was running
             req_index = model_runner_output.req_id_to_index[req_id]
             new_token_ids = sampled_token_ids[req_index] if sampled_token_ids else []
+
+            # Rejected drafts were counted as computed by _update_after_schedule:
+            # take them back, so the next step recomputes from the first rejected
+            # position. The runner returns accepted drafts + 1 token of its own.
+            # (mirrors vllm/v1/core/sched/scheduler.py:1368-1390)
+            scheduled_spec_token_ids = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if scheduled_spec_token_ids and new_token_ids:
+                num_draft_tokens = len(scheduled_spec_token_ids)
+                num_accepted = len(new_token_ids) - 1
+                if request.num_computed_tokens > 0:
+                    request.num_computed_tokens -= num_draft_tokens - num_accepted
+                spec_decoding_stats = self.make_spec_decoding_stats(
+                    spec_decoding_stats, num_draft_tokens, num_accepted
+                )
 
             stopped = False
             if new_token_ids:
@@ -426,7 +474,9 @@ class Scheduler(SchedulerInterface):
         if stopped_running_reqs:
             self.running = remove_all(self.running, stopped_running_reqs)
         # END LAB 03.5
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+        return EngineCoreOutputs(
+            outputs=outputs, scheduler_stats=self.make_stats(spec_decoding_stats)
+        )
 
     # BEGIN LAB 03.5: append sampled tokens one by one, stop at the first that ends it
     # mirrors vllm/v1/core/sched/scheduler.py:1649-1665
@@ -449,6 +499,19 @@ class Scheduler(SchedulerInterface):
         return new_token_ids, stopped
 
     # END LAB 03.5
+
+    # mirrors vllm/v1/core/sched/scheduler.py:1691-1711
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        """Give each request the drafts proposed after this step. A request
+        finished meanwhile is skipped; one still mid-prefill keeps none (its
+        next tokens are prompt tokens, not guesses)."""
+        for req_id, spec_token_ids in zip(
+            draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=True
+        ):
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            request.spec_token_ids = [] if request.is_prefill_chunk else spec_token_ids
 
     # ------------------------------------------------------- requests in and out
 
@@ -531,7 +594,9 @@ class Scheduler(SchedulerInterface):
     def has_finished_requests(self) -> bool:
         return len(self.finished_req_ids) > 0
 
-    def make_stats(self) -> SchedulerStats | None:
+    def make_stats(
+        self, spec_decoding_stats: SpecDecodingStats | None = None
+    ) -> SchedulerStats | None:
         if not self.log_stats:
             return None
         return SchedulerStats(
@@ -539,7 +604,24 @@ class Scheduler(SchedulerInterface):
             num_waiting_reqs=len(self.waiting),
             kv_cache_usage=self.kv_cache_manager.usage,
             prefix_cache_stats=self.kv_cache_manager.make_prefix_cache_stats(),
+            spec_decoding_stats=spec_decoding_stats,
         )
+
+    # mirrors vllm/v1/core/sched/scheduler.py:2006-2023
+    def make_spec_decoding_stats(
+        self,
+        spec_decoding_stats: SpecDecodingStats | None,
+        num_draft_tokens: int,
+        num_accepted_tokens: int,
+    ) -> SpecDecodingStats | None:
+        """Add one request's verified draft to this step's stats (created on
+        the first one); None when stats are off."""
+        if not self.log_stats or not num_draft_tokens:
+            return None
+        if spec_decoding_stats is None:
+            spec_decoding_stats = SpecDecodingStats.new(self.num_spec_tokens)
+        spec_decoding_stats.observe_draft(num_draft_tokens, num_accepted_tokens)
+        return spec_decoding_stats
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Empty the prefix cache; False (nothing done) while a request holds blocks.

@@ -1,0 +1,93 @@
+"""N-gram speculation through the whole engine leaves greedy tokens unchanged.
+
+With ``speculative_config`` the runner drafts after every step, verifies the
+drafts in the next forward pass and the scheduler rolls back the rejected
+ones; under greedy sampling the tokens must be exactly those of a run
+without speculation and of transformers' greedy loop. Each test also checks
+from the engine's spec-decode stats that drafts were both accepted and
+rejected, so it cannot pass with speculation silently doing nothing.
+(Random-mode acceptance keeps the target's distribution:
+tests/test_rejection_sampler.py.)
+"""
+
+from __future__ import annotations
+
+from hf_reference import hf_greedy
+
+from mini_vllm.entrypoints.llm import LLM
+from mini_vllm.sampling_params import SamplingParams
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+
+
+def _generate(llm: LLM, prompts: list[list[int]], n: int) -> list[list[int]]:
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def _assert_drafts_accepted_and_rejected(llm: LLM) -> dict:
+    stats = llm.llm_engine.get_stats()
+    accepted, drafted = stats["spec_num_accepted_tokens"], stats["spec_num_draft_tokens"]
+    assert accepted > 0, f"no draft was accepted: {stats}"
+    assert drafted > accepted, f"no draft was rejected: {stats}"
+    per_pos = stats["spec_num_accepted_tokens_per_pos"]
+    assert per_pos == sorted(per_pos, reverse=True) and sum(per_pos) == accepted, stats
+    return stats
+
+
+def test_smollm2_greedy_with_speculation_equals_without_and_transformers(smollm2_hf):
+    path, hf = smollm2_hf
+    plain = LLM(str(path), max_model_len=256, kv_cache_memory_bytes=32 << 20)
+    tok = plain.get_tokenizer()
+    prompts = [
+        # Repetitive: the model continues the pattern, so drafts are accepted.
+        tok.encode("red, green, blue, red, green, blue, red, green, blue, red,"),
+        tok.encode("The capital of France is"),
+    ]
+    n = 20
+    expected = [hf_greedy(hf, p, n) for p in prompts]
+    assert _generate(plain, prompts, n) == expected
+    spec = LLM(
+        str(path), max_model_len=256, kv_cache_memory_bytes=32 << 20, speculative_config=NGRAM
+    )
+    assert _generate(spec, prompts, n) == expected
+    _assert_drafts_accepted_and_rejected(spec)
+    assert spec.llm_engine.get_stats()["num_steps"] < plain.llm_engine.get_stats()["num_steps"]
+
+
+def _repetitive_prompts(vocab: int) -> list[list[int]]:
+    """Prompts built from short repeated patterns (so the tiny model's
+    contexts hold n-grams to match), of different lengths."""
+    return [[(11 * i + j) % vocab for j in range(3 + i % 2)] * (6 + i) for i in range(4)]
+
+
+def test_speculation_with_preemption_matches_transformers(tiny_qwen3):
+    path, hf = tiny_qwen3
+    # 7 usable blocks of 16 tokens for four 18-32-token prompts growing by 40.
+    llm = LLM(
+        path, max_model_len=96, num_gpu_blocks_override=8, block_size=16, speculative_config=NGRAM
+    )
+    prompts = _repetitive_prompts(llm.llm_engine.hf_config.vocab_size)
+    n = 40
+    assert _generate(llm, prompts, n) == [hf_greedy(hf, p, n) for p in prompts]
+    stats = _assert_drafts_accepted_and_rejected(llm)
+    assert stats["num_preemptions"] > 0, "the cache was meant to be too small"
+
+
+def test_speculation_with_chunked_prefill_and_a_small_budget_matches_transformers(tiny_qwen3):
+    path, hf = tiny_qwen3
+    # 8 tokens a step for up to 4 requests: prompts are chunked, and drafts
+    # are cut to what the budget leaves.
+    llm = LLM(
+        path,
+        max_model_len=128,
+        kv_cache_memory_bytes=8 << 20,
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+        speculative_config=NGRAM,
+    )
+    prompts = _repetitive_prompts(llm.llm_engine.hf_config.vocab_size)
+    n = 30
+    assert _generate(llm, prompts, n) == [hf_greedy(hf, p, n) for p in prompts]
+    _assert_drafts_accepted_and_rejected(llm)
