@@ -171,6 +171,23 @@ def test_a_request_stopped_while_preempted_leaves_the_waiting_queue(impl):
         assert "b" not in s2.num_scheduled_tokens, "b finished; it was scheduled again"
         written(sched.update_from_output, s1, runner_output(s1, {"a": [12 + k]}))
 
+    # The same, but b's late token does not stop it: b stays preempted and waits.
+    sched = async_scheduler(impl.async_scheduler.AsyncScheduler, **{**SMALL, "num_blocks": 3})
+    a, b = mini.create_requests(
+        2, req_ids=["a", "b"], prompt_token_ids=[[1, 2, 3, 4], [5, 6, 7, 8]], block_size=4
+    )
+    sched.add_request(a)
+    sched.add_request(b)
+    s1, _ = written(sched.schedule), written(sched.schedule)
+    written(sched.update_from_output, s1, runner_output(s1, {"a": [11], "b": [12]}))
+    waiting = [r.request_id for r in sched.waiting]
+    assert b.status == RequestStatus.PREEMPTED and waiting == ["b"], (
+        f"b was preempted and its late token 12 does not stop it: b must stay PREEMPTED in the "
+        f"waiting queue (got status {b.status.name}, waiting {waiting}). Remove only the "
+        "preempted requests that the update finished."
+    )
+    assert b.output_token_ids == [12], f"b's late token is still its output: {b.output_token_ids}"
+
 
 @pytest.mark.points(5)
 def test_blocks_are_cached_when_the_late_token_completes_them(impl):
