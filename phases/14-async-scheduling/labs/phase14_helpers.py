@@ -9,6 +9,7 @@ puts the folder of ``conftest.py`` there.)
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import deque
 
@@ -167,6 +168,11 @@ def within(seconds: float, fn, what: str):
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
+        # Stop the stuck loop (best effort: it ends at its next Python line),
+        # so that it does not go on taking CPU from the tests after this one.
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit)
+        )
         pytest.fail(
             f"{what} did not return within {seconds:g} s: step_with_batch_queue is stuck "
             "(waiting on a step that was never submitted, or looping).",

@@ -154,6 +154,16 @@ def test_an_empty_schedule_or_a_finished_step_is_taken_in_at_once(impl):
         f"schedule() or waiting on anything; got calls {log}."
     )
 
+    aborted = core_with(impl, {"a": [1, 2, 3]}, max_tokens=3)
+    aborted.abort_requests(["a"])
+    log, _ = step(aborted)
+    want = [("schedule", 1), ("submit", 1), ("result", 1), ("update", 1)]
+    assert log == want, (
+        f"a was aborted before any step: step 1's schedule runs nothing (it only tells the "
+        f"worker that a finished). A step that runs no token is submitted and taken in at "
+        f"once, even with room in the queue: want {want}, got {log}."
+    )
+
     done = core_with(impl, {"a": [1, 2, 3]}, done=True, max_tokens=3)
     log, out = step(done)
     want = [("schedule", 1), ("submit", 1), ("result", 1), ("update", 1)]
@@ -168,7 +178,7 @@ def test_an_empty_schedule_or_a_finished_step_is_taken_in_at_once(impl):
 PROMPTS = [[5 + i, 17, 23 + i, 4, 9, 11 + 2 * i] for i in range(4)]
 
 
-def generate(llm, params, seconds=120):
+def generate(llm, params, seconds=30):
     outs = within(
         seconds,
         lambda: llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False),
