@@ -204,6 +204,10 @@ class EngineCore:
         """
         batch_queue = self.batch_queue
         assert batch_queue is not None and self.worker is not None
+        # BEGIN LAB 14.2: step_with_batch_queue: fill the queue, then take the oldest out
+        # HINT: schedule only if self.scheduler.has_requests(), count the step as step() does,
+        # HINT: and self.worker.submit(self.model_runner.execute_model, scheduler_output);
+        # HINT: the queue is newest-left (appendleft / pop); a Future has done() and result().
         if self.scheduler.has_requests():
             scheduler_output = self.scheduler.schedule()
             self.num_steps += 1
@@ -223,3 +227,4 @@ class EngineCore:
         future, scheduler_output = batch_queue.pop()
         model_output = future.result()
         return self.scheduler.update_from_output(scheduler_output, model_output)
+        # END LAB 14.2

@@ -49,13 +49,19 @@ class AsyncScheduler(Scheduler):
             n + self.requests[req_id].num_output_placeholders
             for req_id, n in zip(cached.req_ids, cached.num_output_tokens, strict=True)
         ]
-        super()._update_after_schedule(scheduler_output)
+        # The base class by name, not super(): the lab starter's class
+        # subclasses this one, and super() there would run this method again.
+        Scheduler._update_after_schedule(self, scheduler_output)
+        # BEGIN LAB 14.1: placeholders: one per request that samples this step
+        # HINT: scheduler_output.num_scheduled_tokens holds every scheduled request's id;
+        # HINT: a request still mid-prefill after this chunk (is_prefill_chunk) samples nothing.
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
             if request.is_prefill_chunk:
                 continue
             # This step samples one token for it, not known until it is back.
             request.num_output_placeholders += 1
+        # END LAB 14.1
 
     # mirrors vllm/v1/core/sched/async_scheduler.py:37-61
     def _update_request_with_output(
@@ -69,8 +75,13 @@ class AsyncScheduler(Scheduler):
             request.async_tokens_to_discard -= 1
             return [], False
 
+        # BEGIN LAB 14.1: a late token fills a placeholder; cache the blocks it completes
+        # HINT: the base (call Scheduler._update_request_with_output(self, ...) by name, not
+        # HINT: super()) appends the tokens and checks the stops; each token it kept fills a
+        # HINT: placeholder. Then, if the request was RUNNING (it holds blocks) and prefix
+        # HINT: caching is on, cache_blocks up to the tokens whose ids are all known.
         status_before_update = request.status
-        new_token_ids, stopped = super()._update_request_with_output(request, new_token_ids)
+        new_token_ids, stopped = Scheduler._update_request_with_output(self, request, new_token_ids)
         request.num_output_placeholders -= len(new_token_ids)
         assert request.num_output_placeholders >= 0
 
@@ -82,6 +93,7 @@ class AsyncScheduler(Scheduler):
                 request, request.num_computed_tokens - request.num_output_placeholders
             )
         return new_token_ids, stopped
+        # END LAB 14.1
 
     # upstream: the stopped_preempted_reqs of scheduler.py:1482-1485, 1528-1531
     def update_from_output(
@@ -95,10 +107,14 @@ class AsyncScheduler(Scheduler):
             if (request := self.requests.get(req_id)) is not None
             and request.status == RequestStatus.PREEMPTED
         ]
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        outputs = Scheduler.update_from_output(self, scheduler_output, model_runner_output)
+        # BEGIN LAB 14.1: a request stopped while preempted leaves the waiting queue
+        # HINT: of `preempted` (PREEMPTED before the update), the ones the update finished
+        # HINT: still sit in self.waiting: take them out (waiting.remove_requests).
         stopped_preempted_reqs = [r for r in preempted if r.is_finished()]
         if stopped_preempted_reqs:
             self.waiting.remove_requests(stopped_preempted_reqs)
+        # END LAB 14.1
         return outputs
 
     # upstream: scheduler.py:1912-1924 (inside the base reset_prefix_cache)
