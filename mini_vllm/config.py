@@ -17,7 +17,7 @@ KV transfer, compilation, observability, partial-prefill limits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 # Upstream's LogprobsMode (vllm/config/model.py:98): what a returned logprob holds.
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
@@ -51,6 +51,10 @@ class SchedulerConfig:
         if self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}."
+            )
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(
+                f"async_scheduling must be True or False, got {self.async_scheduling!r}."
             )
         if self.long_prefill_token_threshold < 0:
             raise ValueError(
@@ -178,6 +182,23 @@ class SpeculativeConfig:
             self.prompt_lookup_min = self.prompt_lookup_max
         elif self.prompt_lookup_max is None:
             self.prompt_lookup_max = self.prompt_lookup_min
+
+    @classmethod
+    def from_dict(cls, config: object) -> SpeculativeConfig:
+        """``LLM(speculative_config={...})``: a dict of these fields, and
+        nothing else (upstream's other fields serve drafters mini_vllm lacks)."""
+        names = [f.name for f in fields(cls)]
+        if not isinstance(config, dict):
+            raise ValueError(
+                f"speculative_config must be a dict with keys from {names}, "
+                f"got {type(config).__name__}."
+            )
+        unknown = sorted(set(config) - set(names))
+        if unknown:
+            raise ValueError(
+                f"speculative_config has unsupported keys {unknown}; mini_vllm knows {names}."
+            )
+        return cls(**config)
 
     def verify(self) -> None:
         if self.method != "ngram":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+import mini_vllm.testing as mini
 from mini_vllm.engine.llm_engine import LLMEngine
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
@@ -132,3 +133,9 @@ def test_preemption_same_tokens(tiny_qwen3):
     assert sync_stats["num_preemptions"] > 0, sync_stats
     assert all(len(t) == 16 for t in sync_tokens)
     assert async_tokens == sync_tokens
+
+
+def test_async_scheduling_must_be_a_bool():
+    """A truthy string is not a setting: refused by name, not read as on."""
+    with pytest.raises(ValueError, match="async_scheduling must be True or False, got 'yes'"):
+        mini.create_scheduler(async_scheduling="yes")

@@ -237,6 +237,30 @@ def test_ctrl_c_during_generate_aborts_everything(llm, hf_tokens, at):
     assert_whole(llm, hf_tokens)
 
 
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [{"async_scheduling": True}, {"speculative_config": {"num_speculative_tokens": 2}}],
+    ids=["async scheduling, a step in flight", "n-gram drafts"],
+)
+def test_ctrl_c_with_async_scheduling_or_drafts_leaves_the_llm_whole(
+    tiny_qwen3, hf_tokens, engine_kwargs
+):
+    """The same promise with two steps in flight (the interrupt comes out of the
+    worker thread's future) and with drafts pending in the scheduler."""
+    llm = LLM(
+        tiny_qwen3[0], max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=8 << 20, **engine_kwargs
+    )
+    prompt = list(range(100, 140))
+    prompts = [{"prompt_token_ids": prompt}, {"prompt_token_ids": NORMAL[:20]}]
+    with before_execute_model(llm, raise_at(3, KeyboardInterrupt())):
+        with pytest.raises(KeyboardInterrupt) as err:
+            llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert any("generate() aborted its 2 requests" in note for note in err.value.__notes__)
+    (out,) = llm.generate({"prompt_token_ids": prompt}, GREEDY, use_tqdm=False)
+    assert out.outputs[0].token_ids == hf_tokens(prompt)
+    assert_whole(llm, hf_tokens)
+
+
 def test_an_exception_inside_a_step_fails_its_requests_with_a_note(llm, hf_tokens):
     with before_execute_model(llm, raise_at(2, RuntimeError("CUDA error: device-side assert"))):
         with pytest.raises(RuntimeError, match="device-side assert") as err:

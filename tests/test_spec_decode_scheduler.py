@@ -100,3 +100,19 @@ def test_async_scheduling_with_ngram_drafts_is_refused():
     (vllm/config/vllm.py:911-924); so does mini_vllm, before anything is built."""
     with pytest.raises(ValueError, match="async_scheduling=True does not work"):
         mini.create_scheduler(async_scheduling=True, num_speculative_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (
+            {"num_speculative_tokens": 2, "num_lookahead_slots": 1},
+            r"unsupported keys \['num_lookahead_slots'\]",
+        ),
+        (3, "must be a dict"),
+    ],
+)
+def test_speculative_config_dict_is_checked_by_name(config, match):
+    with pytest.raises(ValueError, match=match):
+        SpeculativeConfig.from_dict(config)
+    assert SpeculativeConfig.from_dict({"num_speculative_tokens": 2}).num_speculative_tokens == 2

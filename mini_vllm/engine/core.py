@@ -129,9 +129,9 @@ class EngineCore:
         if self.batch_queue:
             # Async scheduling: let the steps in flight end (the worker must
             # not run while the runner is cleaned up below) and drop their
-            # outputs. Only LLM.generate fails requests, and it fails all of
-            # its own, which are all the unfinished ones (one generate at a
-            # time): no surviving request waits for a dropped output.
+            # outputs. Both callers (LLM.generate, AsyncLLM's engine thread)
+            # then fail every unfinished request: no surviving request waits
+            # for a dropped output.
             for future, _ in self.batch_queue:
                 future.exception()
             self.batch_queue.clear()

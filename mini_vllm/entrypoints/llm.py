@@ -137,7 +137,7 @@ class LLM:
             # "prompt_lookup_min": 2, "prompt_lookup_max": 4}, as upstream's.
             speculative_config=None
             if speculative_config is None
-            else SpeculativeConfig(**speculative_config),
+            else SpeculativeConfig.from_dict(speculative_config),
         )
         self.llm_engine = LLMEngine(config, loaded)
         self.request_counter = itertools.count()

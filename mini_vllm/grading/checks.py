@@ -6,7 +6,9 @@ Both return None or a message; a crash, a run in which no request advances
 under grade becomes a message too (only NotImplementedError, an
 unwritten lab region, propagates).
 
-Both run the loop upstream's EngineCore runs (``schedule()`` -> fake model
+``lab_settings`` is the hypothesis profile every graded lockstep shares.
+
+Both checks run the loop upstream's EngineCore runs (``schedule()`` -> fake model
 -> ``update_from_output()``) and compare every step; a failure names the
 first step and field that differ, upstream's (or the reference's) value and
 the student's.
@@ -17,11 +19,32 @@ from __future__ import annotations
 import dataclasses
 import traceback
 
+from hypothesis import HealthCheck, Phase, settings
+
 import mini_vllm.testing as testing
 from mini_vllm.oracle import snapshots
 from mini_vllm.oracle.workload import Stalled, Workload, first_difference, run_workload
 
 YOURS = "your scheduler"
+
+
+def lab_settings(max_examples: int) -> settings:
+    """Hypothesis settings for a graded lockstep: the same examples on every
+    run (derandomized, no example database, so a student's score does not
+    move between runs), no deadline (the machine may be slow), and no
+    shrinking (the first failing example is reported as found)."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.function_scoped_fixture,
+        ],
+    )
 
 
 def _run(scheduler_cls: type, workload: Workload, max_steps: int | None):

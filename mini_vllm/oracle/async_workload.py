@@ -30,12 +30,12 @@ from collections import deque
 
 from mini_vllm.oracle.workload import (
     FIELD_WORDS,
+    Arrivals,
     Progress,
     Workload,
     _outputs,
     describe_scheduler_output,
     fake_token,
-    make_request,
 )
 
 # Upstream's UniProcExecutor.max_concurrent_batches with async scheduling
@@ -58,31 +58,20 @@ def run_workload_async(backend, workload: Workload, scheduler=None) -> dict:
     ``async_scheduling=True``), for example a student's.
     """
     sched = scheduler or backend.create_scheduler(**workload.config, async_scheduling=True)
-    block_size = workload.config.get("block_size", 16)
     eos = backend.EOS_TOKEN_ID
     specs = {s.req_id: s for s in workload.requests}
-    arrival_time = {s.req_id: float(i) for i, s in enumerate(workload.requests)}
-    arrival_order = sorted(workload.requests, key=lambda s: s.arrive_step)
-    objects = {}
+    arrivals = Arrivals(backend, sched, workload)
+    objects = arrivals.objects
     steps = []
     # Newest batch on the left, as upstream's deque: (batch number, output,
     # ids of the requests that sample in it).
     batch_queue: deque = deque()
     num_batches = 0
-    next_arrival = 0
     step = 0
     progress = Progress()
     while True:
-        while next_arrival < len(arrival_order) and arrival_order[next_arrival].arrive_step <= step:
-            spec = arrival_order[next_arrival]
-            request = make_request(backend, spec, arrival_time[spec.req_id], block_size)
-            sched.add_request(request)
-            objects[spec.req_id] = request
-            next_arrival += 1
-        aborts = sorted(s.req_id for s in workload.requests if s.abort_step == step)
-        if aborts:
-            sched.finish_requests(aborts, backend.RequestStatus.FINISHED_ABORTED)
-        if next_arrival == len(arrival_order) and not sched.has_requests() and not batch_queue:
+        arrivals.admit(step)
+        if not arrivals.pending and not sched.has_requests() and not batch_queue:
             break
         if step >= workload.max_steps:
             raise RuntimeError(f"workload {workload.name!r} did not finish in {step} steps")

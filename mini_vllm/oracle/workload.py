@@ -18,6 +18,7 @@ a row (it could never end), with the scheduler's state.
 from __future__ import annotations
 
 import zlib
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
 # Tokens the fake model emits are >= FIRST_FAKE_TOKEN, so they never collide
@@ -189,6 +190,30 @@ def make_request(backend, spec: RequestSpec, arrival_time: float, block_size: in
     return request
 
 
+class Arrivals:
+    """A workload's requests as they arrive: ``admit(step)`` adds the ones
+    due by ``step`` and aborts the ones whose abort step it is. A request's
+    arrival time is its position in the workload's list (PRIORITY's
+    tie-break); ``objects`` maps each admitted id to the backend's Request."""
+
+    def __init__(self, backend, sched, workload: Workload) -> None:
+        self.backend, self.sched, self.workload = backend, sched, workload
+        self.block_size = workload.config.get("block_size", 16)
+        # (position, spec) by arrive_step; the stable sort keeps list order on ties.
+        self.pending = deque(sorted(enumerate(workload.requests), key=lambda p: p[1].arrive_step))
+        self.objects: dict = {}
+
+    def admit(self, step: int) -> None:
+        while self.pending and self.pending[0][1].arrive_step <= step:
+            position, spec = self.pending.popleft()
+            request = make_request(self.backend, spec, float(position), self.block_size)
+            self.sched.add_request(request)
+            self.objects[spec.req_id] = request
+        aborts = sorted(s.req_id for s in self.workload.requests if s.abort_step == step)
+        if aborts:
+            self.sched.finish_requests(aborts, self.backend.RequestStatus.FINISHED_ABORTED)
+
+
 def run_workload(backend, workload: Workload, scheduler=None) -> dict:
     """Run a workload to completion and return its trace.
 
@@ -196,29 +221,17 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
     run a specific instance, for example a student's.
     """
     sched = scheduler or backend.create_scheduler(**workload.config)
-    block_size = workload.config.get("block_size", 16)
     num_spec_tokens = workload.config.get("num_speculative_tokens")
     eos = backend.EOS_TOKEN_ID
     specs = {s.req_id: s for s in workload.requests}
-    # Arrival time = position in the workload's list (PRIORITY's tie-break).
-    arrival_time = {s.req_id: float(i) for i, s in enumerate(workload.requests)}
-    arrival_order = sorted(workload.requests, key=lambda s: s.arrive_step)
-    objects = {}
+    arrivals = Arrivals(backend, sched, workload)
+    objects = arrivals.objects
     steps = []
-    next_arrival = 0
     step = 0
     progress = Progress()
     while True:
-        while next_arrival < len(arrival_order) and arrival_order[next_arrival].arrive_step <= step:
-            spec = arrival_order[next_arrival]
-            request = make_request(backend, spec, arrival_time[spec.req_id], block_size)
-            sched.add_request(request)
-            objects[spec.req_id] = request
-            next_arrival += 1
-        aborts = sorted(s.req_id for s in workload.requests if s.abort_step == step)
-        if aborts:
-            sched.finish_requests(aborts, backend.RequestStatus.FINISHED_ABORTED)
-        if next_arrival == len(arrival_order) and not sched.has_requests():
+        arrivals.admit(step)
+        if not arrivals.pending and not sched.has_requests():
             break
         if step >= workload.max_steps:
             raise RuntimeError(f"workload {workload.name!r} did not finish in {step} steps")

@@ -15,8 +15,9 @@ the reference's, then against the pinned upstream's ``InputBatch``
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.batch_workload import (
     VOCAB_SIZE,
     MiniSide,
@@ -30,18 +31,7 @@ from phase05_helpers import batch_side, make_input_batch, request, rows, written
 
 # No shrinking: it takes minutes on these nested workloads, and the message
 # already names the first operation and field that differ.
-LOCKSTEP = settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+LOCKSTEP = lab_settings(40)
 
 
 def fill(impl, n, **kwargs):

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from phase06_helpers import plug_into_engine, processor, written
 
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.sampler_workload import (
     describe,
     first_row_difference,
@@ -33,18 +34,7 @@ from mini_vllm.sample.ops.penalties import _convert_to_tensors
 from mini_vllm.sample.sampler import Sampler
 from mini_vllm.sampling_params import SamplingParams
 
-LOCKSTEP = settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+LOCKSTEP = lab_settings(60)
 V = 8
 
 

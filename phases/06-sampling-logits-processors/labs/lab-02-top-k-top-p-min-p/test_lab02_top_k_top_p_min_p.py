@@ -18,27 +18,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from phase06_helpers import chi2_sf, processor, written
 
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.sampler_workload import CONFIG
 from mini_vllm.sample.logits_processor import BatchUpdate
 from mini_vllm.sample.ops import topk_topp_sampler as reference_topk_topp
 from mini_vllm.sampling_params import SamplingParams
 
-LOCKSTEP = settings(
-    max_examples=80,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+LOCKSTEP = lab_settings(80)
 ROW = torch.tensor([2.0, 1.6, 1.3, 1.1, 0.9, 0.5, 0.2, -0.3, -1.0, -2.0])  # float32 [10]
 V = ROW.numel()
 NEG_INF = float("-inf")

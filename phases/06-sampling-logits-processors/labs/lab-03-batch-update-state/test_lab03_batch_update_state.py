@@ -18,25 +18,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from phase06_helpers import processor, written
 
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.sampler_workload import CONFIG, batch_update_of, update_steps
 from mini_vllm.sample.logits_processor import BatchUpdate, MoveDirectionality, builtin
 from mini_vllm.sampling_params import SamplingParams
 
-LOCKSTEP = settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+LOCKSTEP = lab_settings(60)
 SWAP, MOVE = MoveDirectionality.SWAP, MoveDirectionality.UNIDIRECTIONAL
 VOCAB = 12
 

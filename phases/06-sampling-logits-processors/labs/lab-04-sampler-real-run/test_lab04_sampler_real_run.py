@@ -22,11 +22,12 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from phase06_helpers import plug_into_engine, processor, written
 
 from mini_vllm.engine.llm_engine import LLMEngine
 from mini_vllm.entrypoints.llm import LLM
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.sampler_workload import (
     SamplerCase,
     describe,
@@ -38,18 +39,7 @@ from mini_vllm.oracle.sampler_workload import (
 from mini_vllm.sample.logits_processor import BatchUpdate
 from mini_vllm.sampling_params import SamplingParams
 
-LOCKSTEP = settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+LOCKSTEP = lab_settings(40)
 NEG_INF = float("-inf")
 
 

@@ -19,27 +19,17 @@ each request's counts must be equal.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from phase14_helpers import async_scheduler, runner_output, written
 
 import mini_vllm.testing as mini
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.async_workload import ASYNC_FIELD_WORDS, run_workload_async
 from mini_vllm.oracle.strategies import workloads
 from mini_vllm.oracle.workload import RequestSpec, Workload, first_difference
 from mini_vllm.request import RequestStatus
 
-LOCKSTEP = settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+LOCKSTEP = lab_settings(60)
 EOS = mini.EOS_TOKEN_ID
 SMALL = dict(block_size=4, num_blocks=20, max_num_batched_tokens=64, max_model_len=32)
 
