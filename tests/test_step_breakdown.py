@@ -39,8 +39,9 @@ def test_parts_cover_the_run_once_each(tiny_qwen3):
     assert parts["other"] >= 0, parts
     total = sum(parts.values())
     # The parts add up to generate's wall time, which is inside the outer timer.
+    # (No lower bound: on a loaded machine the setup around generate can take
+    # longer than generate itself, so a ratio would be a timing assertion.)
     assert total <= outer
-    assert total >= 0.8 * outer - 0.05, (total, outer)
 
 
 def test_timers_are_removed_and_tokens_unchanged(tiny_qwen3):
