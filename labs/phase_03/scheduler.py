@@ -122,6 +122,7 @@ class Scheduler(_reference.Scheduler):
             # HINT: FCFS victim: the tail of self.running. PRIORITY victim: the largest
             # HINT: (priority, arrival_time); if it was already scheduled this step, undo that.
             # HINT: if the victim is `request` itself, give up on it (new_blocks stays None).
+            new_blocks = None  # yours to set: the code after the region reads it
             raise NotImplementedError(
                 "Lab 03.3: allocate_slots -> None -> preempt a victim -> retry "
                 "(labs/phase_03/scheduler.py)"

@@ -58,6 +58,7 @@ class GPUModelRunner(_reference.GPUModelRunner):
         # HINT: Copy the block id lists (the runner extends them in later steps), start with no
         # HINT: output tokens, and give a random request (not params.sampling_type_greedy) with
         # HINT: a seed its own torch.Generator on self.device, seeded with it.
+        state = None  # yours to set: the code after the region reads it
         raise NotImplementedError(
             "Lab 05.3: a new request: the runner's own state, joining the batch whole "
             "(labs/phase_05/gpu_model_runner.py)"

@@ -261,12 +261,12 @@ def _stub(
         indent = " " * fn.body[0].col_offset
     kept += [line for line in body if HINT.match(line)]
     if not whole:
+        # Bound before the region (a binding further down, as in a later loop,
+        # does not count: the code right after the region would read it unbound).
         bound_outside = {
             n.id
             for n in ast.walk(fn)
-            if isinstance(n, ast.Name)
-            and isinstance(n.ctx, ast.Store)
-            and not _inside(n.lineno, region)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.lineno <= region.begin
         } | {a.arg for a in fn.args.args + fn.args.kwonlyargs}
         kept += [
             f"{indent}{name} = None  # yours to set: the code after the region reads it"
@@ -566,13 +566,27 @@ def make_starter(reference: Path, phase: str, siblings: set[str]) -> str:
     rel = str(reference.relative_to(REPO_ROOT))
     tree = ast.parse(text)
     # A module may hold regions of several phases (engine/core.py: 01.2 and
-    # 14.2); each phase's starter re-opens only its own.
-    regions = [r for r in find_regions(lines, rel) if r.phase == phase]
+    # 14.2; core/sched/scheduler.py: 03.x and 08.1, some in one function);
+    # each phase's starter re-opens only its own. Another phase's region in a
+    # function this starter re-opens keeps the reference's code, without its
+    # markers and hints (the starter is graded against this phase's markers).
+    all_regions = find_regions(lines, rel)
+    regions = [r for r in all_regions if r.phase == phase]
+    lines = list(lines)
+    for other in (r for r in all_regions if r.phase != phase):
+        for i in range(other.begin, other.end + 1):
+            if i in (other.begin, other.end) or HINT.match(lines[i]):
+                lines[i] = _DROPPED
     owners = _holed_functions(tree, lines, regions, rel)
     starter_path = f"{LABS_PACKAGE}/{starter_relpath(phase, reference)}"
-    body = _body(owners, lines, phase, starter_path)
+    body = [line for line in _body(owners, lines, phase, starter_path) if line != _DROPPED]
     imports = _starter_imports(tree, owners, body, module_name(reference), siblings, phase)
     return "\n".join(_header(phase, rel, regions) + imports + body) + "\n"
+
+
+# Stands in for a line the starter leaves out (another phase's marker or hint),
+# so that line numbers still match the reference's syntax tree until the end.
+_DROPPED = "\x00dropped"
 
 
 def starters(phase: str) -> dict[Path, str]:

@@ -165,6 +165,12 @@ def rejection_sample(
         )  # float64 [num_tokens]
 
     if any(is_greedy):
+        # BEGIN LAB 08.3: greedy verification: accept a draft while it is the target's argmax
+        # HINT: receives is_greedy, starts (each request's first draft in the flat lists),
+        # HINT: num_draft_tokens, drafts, target_logits and bonus; writes the greedy rows of
+        # HINT: output_token_ids through _write_row, leaves the others untouched, and leaves
+        # HINT: nothing else for later (the code below binds req, start and n afresh).
+        # HINT: a rejected greedy position takes the target's argmax instead of the draft.
         target_argmax = target_logits.argmax(dim=-1).tolist()  # [num_tokens]
         for req in range(batch_size):
             if not is_greedy[req]:
@@ -178,6 +184,7 @@ def rejection_sample(
                 target_argmax[start : start + n],
                 bonus[req],
             )
+        # END LAB 08.3
         if sampling_metadata.all_greedy:
             return output_token_ids
 
@@ -185,6 +192,11 @@ def rejection_sample(
     recovered_token_ids = sample_recovered_tokens(
         num_draft_tokens, draft_token_ids, draft_probs, target_probs, sampling_metadata
     ).tolist()  # [num_tokens]
+    # BEGIN LAB 08.3: the random accept test: p(draft) / q(draft) >= u
+    # HINT: receives target_probs, draft_probs (None: an n-gram draft), draft_token_ids
+    # HINT: and uniform_probs; leaves accept, a list of num_tokens bools.
+    # HINT: an n-gram draft is certain (q(draft) = 1). With draft_probs, a draft its
+    # HINT: drafter gave probability 0 is rejected (do not divide by zero).
     rows = torch.arange(num_tokens, device=device)  # [num_tokens]
     draft_ids = draft_token_ids.long()  # [num_tokens]
     target_prob = target_probs[rows, draft_ids]  # float32 [num_tokens]
@@ -196,6 +208,7 @@ def rejection_sample(
         # q(draft) = 0 should not happen; reject rather than divide by zero.
         accept = (draft_prob > 0) & (target_prob / draft_prob >= uniform_probs)  # [num_tokens]
     accept = accept.tolist()
+    # END LAB 08.3
     for req in range(batch_size):
         if is_greedy[req]:
             continue
@@ -210,6 +223,7 @@ def rejection_sample(
     return output_token_ids
 
 
+# BEGIN LAB 08.3: one request's output row: accepted drafts, then a replacement or the bonus
 def _write_row(
     row: torch.Tensor,  # int32 [max_spec_len + 1], all placeholders
     draft_ids: list[int],  # [n]
@@ -219,12 +233,16 @@ def _write_row(
 ) -> None:
     """Accepted drafts, then the first rejected position's replacement and
     stop; the bonus token if nothing was rejected."""
+    # HINT: write into ``row`` in place (the rest stays PLACEHOLDER_TOKEN_ID).
     for pos, (draft_id, ok) in enumerate(zip(draft_ids, accepted, strict=True)):
         if not ok:
             row[pos] = on_reject[pos]
             return
         row[pos] = draft_id
     row[len(draft_ids)] = bonus_token_id
+
+
+# END LAB 08.3
 
 
 def generate_uniform_probs(
@@ -267,12 +285,18 @@ def sample_recovered_tokens(
             noise[req].exponential_(generator=generator)
     inv_noise = noise.reciprocal()  # [batch, vocab]
 
+    # BEGIN LAB 08.3: what a rejected position draws from: max(p - q, 0)
+    # HINT: receives target_probs, draft_probs (None: an n-gram draft) and draft_token_ids;
+    # HINT: leaves prob, [num_tokens, vocab], unnormalised (the race below needs no sum).
+    # HINT: an n-gram draft's q is 1 on the draft token and 0 elsewhere. Do not write into
+    # HINT: target_probs: the caller reads it again.
     if draft_probs is None:
         rows = torch.arange(draft_token_ids.shape[0], device=target_probs.device)  # [num_tokens]
         prob = target_probs.clone()  # [num_tokens, vocab]
         prob[rows, draft_token_ids.long()] = 0.0
     else:
         prob = (target_probs - draft_probs).clamp(min=0.0)  # [num_tokens, vocab]
+    # END LAB 08.3
     repeats = torch.tensor(num_draft_tokens, device=target_probs.device)  # [batch]
     score = prob * inv_noise.repeat_interleave(repeats, dim=0)  # [num_tokens, vocab]
     return score.argmax(dim=-1).to(draft_token_ids.dtype)  # [num_tokens]

@@ -68,15 +68,30 @@ class NgramProposer:
         drafts: list[list[int]] = []
         for i, sampled_ids in enumerate(sampled_token_ids):
             num_tokens = int(num_tokens_no_spec[i])
+            # BEGIN LAB 08.2: who gets no draft at all
+            # HINT: receives sampled_ids (this row's tokens sampled this step) and num_tokens
+            # HINT: (its context length); appends [] to drafts and moves on (continue) for a
+            # HINT: row that sampled nothing (still prefilling) or already holds max_model_len
+            # HINT: tokens; otherwise does nothing.
             if not sampled_ids or num_tokens >= self.max_model_len:
                 drafts.append([])
                 continue
+            # END LAB 08.2
             context = token_ids_cpu[i, :num_tokens]  # [num_tokens]
             drafts.append(self.propose_one(context).tolist())
         return drafts
 
+    # BEGIN LAB 08.2: the longest n-gram match, its earliest occurrence, k tokens after it
     def propose_one(self, tokens: np.ndarray) -> np.ndarray:
         """The draft for one context ``tokens`` (1-D); may be empty."""
+        # HINT: k = num_speculative_tokens, capped so that the context plus the draft
+        # HINT: never passes self.max_model_len; nothing to do if the context is shorter
+        # HINT: than self.min_n or k is 0. Return a 1-D slice of ``tokens`` (tokens[:0]: empty).
+        # HINT: try n from the longest (self.max_n, but the ending must also occur EARLIER,
+        # HINT: starting before position total - n) down to self.min_n; the first n with a
+        # HINT: match wins. Among its occurrences take the EARLIEST, and draft the k tokens
+        # HINT: that follow it (fewer if the context ends first).
+        # HINT: numpy.lib.stride_tricks.sliding_window_view(a, n) gives every window of n.
         total = tokens.shape[0]
         k = min(self.k, self.max_model_len - total)
         if total < self.min_n or k <= 0:
@@ -91,3 +106,5 @@ class NgramProposer:
                 start = int(starts[0]) + n  # the earliest occurrence
                 return tokens[start : start + k]
         return tokens[:0]
+
+    # END LAB 08.2

@@ -248,16 +248,21 @@ class GPUModelRunner:
         self._write_spec_token_ids(scheduler_output)
         batch.refresh_metadata()
 
+    # BEGIN LAB 08.4: the scheduled drafts go right after each row's real tokens
     def _write_spec_token_ids(self, scheduler_output: SchedulerOutput) -> None:
         """Put each row's scheduled drafts right after its real tokens in
         ``token_ids_cpu`` (``num_tokens_no_spec`` does not count them), as
         upstream's ``InputBatch.update_req_spec_token_ids``. Done once the
         rows are final: condense and reorder move only the real tokens."""
+        # HINT: scheduler_output.scheduled_spec_decode_tokens: req_id -> its drafts;
+        # HINT: self.input_batch.req_id_to_index gives the row.
         batch = self.input_batch
         for req_id, draft_ids in scheduler_output.scheduled_spec_decode_tokens.items():
             req_index = batch.req_id_to_index[req_id]
             start = int(batch.num_tokens_no_spec[req_index])
             batch.token_ids_cpu[req_index, start : start + len(draft_ids)] = draft_ids
+
+    # END LAB 08.4
 
     def _may_reorder_batch(self, scheduler_output: SchedulerOutput) -> None:
         """Decodes first, if the attention backend asks for it."""
@@ -327,6 +332,7 @@ class GPUModelRunner:
             spec_decode_metadata=spec_decode_metadata,
         )
 
+    # BEGIN LAB 08.4: which logits rows verify which drafts
     def _calc_spec_decode_metadata(
         self, num_draft_tokens: np.ndarray, cu_num_scheduled_tokens: np.ndarray
     ) -> SpecDecodeMetadata:
@@ -338,6 +344,12 @@ class GPUModelRunner:
         logits_indices [0, 1, 2, 3, 103, 104, 105, 106], target rows
         [0, 1, 2, 5, 6] and bonus rows [3, 4, 7] (of the kept logits).
         """
+        # HINT: num_draft_tokens: int32 [num_reqs], in batch-row order; cu_num_scheduled_tokens:
+        # HINT: the running total of each row's scheduled tokens (its drafts included).
+        # HINT: a row with d drafts keeps the logits of its LAST d + 1 scheduled tokens.
+        # HINT: cumulative counts have no leading zero; self.arange_np is 0, 1, 2, ...
+        # HINT: the draft ids are read back from self.input_ids.gpu: a draft is the input
+        # HINT: token right after its target position. Every index tensor int32, on self.device.
         num_sampled_tokens = num_draft_tokens + 1  # [num_reqs]
         cu_num_sampled_tokens = np.cumsum(num_sampled_tokens, dtype=np.int32)  # [num_reqs]
         cu_num_draft_tokens = np.cumsum(num_draft_tokens, dtype=np.int32)  # [num_reqs]
@@ -373,6 +385,8 @@ class GPUModelRunner:
             bonus_logits_indices=to_device(bonus_logits_indices),
             logits_indices=to_device(logits_indices),
         )
+
+    # END LAB 08.4
 
     def prepare_input_ids_and_positions(self, num_scheduled_tokens: np.ndarray) -> np.ndarray:
         """Fill ``positions`` and ``input_ids`` for the step's tokens, in batch

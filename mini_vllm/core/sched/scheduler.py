@@ -134,6 +134,12 @@ class Scheduler(SchedulerInterface):
                 continue
             # Placeholders: tokens scheduled but not yet back count as computed
             # input already (async scheduling; 0 otherwise).
+            # BEGIN LAB 08.1: a running request's new tokens count its drafts
+            # HINT: receives request and token_budget; leaves num_new_tokens: the tokens the
+            # HINT: request asks for (its real tokens not yet computed AND its drafts, so the
+            # HINT: budget is charged for the drafts too), clamped by self._clamp_new_tokens.
+            # HINT: request.num_tokens_with_spec counts the drafts; placeholders (async
+            # HINT: scheduling, 0 here) count as computed input already.
             num_new_tokens = self._clamp_new_tokens(
                 request,
                 request.num_tokens_with_spec
@@ -141,6 +147,7 @@ class Scheduler(SchedulerInterface):
                 - request.num_computed_tokens,
                 token_budget,
             )
+            # END LAB 08.1
             if num_new_tokens == 0:
                 # Nothing to do for it now (it sits at max_model_len - 1).
                 # `continue`, not `break`: later requests may still run.
@@ -196,6 +203,12 @@ class Scheduler(SchedulerInterface):
             # Drafts: whatever the budget and the caps left of num_new_tokens
             # beyond the request's real tokens is drafts, cut to that count.
             # (mirrors vllm/v1/core/sched/scheduler.py:502-517)
+            # BEGIN LAB 08.1: the drafts that fit go into scheduled_spec_decode_tokens
+            # HINT: receives request (scheduled: its num_computed_tokens not yet advanced) and
+            # HINT: num_new_tokens; fills scheduled_spec_decode_tokens. Of num_new_tokens, those
+            # HINT: past request.num_tokens are drafts: schedule that many of spec_token_ids
+            # HINT: (none if that is 0 or less). Then clear request.spec_token_ids: fresh
+            # HINT: drafts arrive through update_draft_token_ids after the step.
             if request.spec_token_ids:
                 num_scheduled_spec_tokens = (
                     num_new_tokens + request.num_computed_tokens - request.num_tokens
@@ -206,6 +219,7 @@ class Scheduler(SchedulerInterface):
                     ]
                 # Fresh drafts arrive through update_draft_token_ids after the step.
                 request.spec_token_ids = []
+            # END LAB 08.1
 
         # Phase 2: admit WAITING requests in queue order while three gates
         # stay open. (Upstream checks the same three, in two `if`s and a
@@ -430,6 +444,12 @@ class Scheduler(SchedulerInterface):
             # take them back, so the next step recomputes from the first rejected
             # position. The runner returns accepted drafts + 1 token of its own.
             # (mirrors vllm/v1/core/sched/scheduler.py:1368-1390)
+            # BEGIN LAB 08.1: roll back the rejected drafts and count them in the stats
+            # HINT: receives request, req_id, new_token_ids and spec_decoding_stats; leaves
+            # HINT: spec_decoding_stats (updated through self.make_spec_decoding_stats).
+            # HINT: only for a request that had drafts scheduled and got tokens back: of
+            # HINT: len(new_token_ids) tokens, one is the target's own, the rest accepted
+            # HINT: drafts. Take the REJECTED drafts off num_computed_tokens (if above 0).
             scheduled_spec_token_ids = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
             if scheduled_spec_token_ids and new_token_ids:
                 num_draft_tokens = len(scheduled_spec_token_ids)
@@ -439,6 +459,7 @@ class Scheduler(SchedulerInterface):
                 spec_decoding_stats = self.make_spec_decoding_stats(
                     spec_decoding_stats, num_draft_tokens, num_accepted
                 )
+            # END LAB 08.1
 
             stopped = False
             if new_token_ids:
@@ -500,11 +521,14 @@ class Scheduler(SchedulerInterface):
 
     # END LAB 03.5
 
+    # BEGIN LAB 08.1: hand each request its fresh drafts (none while it prefills)
     # mirrors vllm/v1/core/sched/scheduler.py:1691-1711
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         """Give each request the drafts proposed after this step. A request
         finished meanwhile is skipped; one still mid-prefill keeps none (its
         next tokens are prompt tokens, not guesses)."""
+        # HINT: draft_token_ids.req_ids and .draft_token_ids are parallel lists.
+        # HINT: a request gone from self.requests, or finished, is skipped.
         for req_id, spec_token_ids in zip(
             draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=True
         ):
@@ -512,6 +536,8 @@ class Scheduler(SchedulerInterface):
             if request is None or request.is_finished():
                 continue
             request.spec_token_ids = [] if request.is_prefill_chunk else spec_token_ids
+
+    # END LAB 08.1
 
     # ------------------------------------------------------- requests in and out
 
