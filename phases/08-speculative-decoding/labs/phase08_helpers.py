@@ -15,15 +15,19 @@ import pytest
 
 from mini_vllm.oracle.workload import FIELD_WORDS, first_difference
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+}
 # Prompts on which the n-gram drafter fires: patterns SmolLM2 continues (drafts
 # accepted) and text whose repeats it does not follow (drafts rejected).
 PROMPTS = [
     "red, green, blue, red, green, blue, red, green, blue, red,",
     "The capital of France is Paris. The capital of Italy is Rome. The capital of",
-    "1, 2, 3, 4, 5, 6, 7, 8,",
 ]
-MAX_TOKENS = 16
+MAX_TOKENS = 12
 
 
 def written(fn, *args, **kwargs):
@@ -98,7 +102,7 @@ def chi2_sf(x: float, df: int) -> float:
 
 
 def smollm2_engine(speculative_config: dict | None, reference=None):
-    """An LLMEngine on SmolLM2 (float32, torch attention, chunked prompts);
+    """An LLMEngine on SmolLM2 (float32, chunked prompts);
     given ``reference``, a new engine on its already loaded weights."""
     from mini_vllm.config import SpeculativeConfig
     from mini_vllm.engine.llm_engine import LLMEngine
@@ -113,7 +117,6 @@ def smollm2_engine(speculative_config: dict | None, reference=None):
             num_gpu_blocks_override=32,
             max_num_batched_tokens=32,
             max_num_seqs=4,
-            attention_backend="torch",
             dtype="float32",
             speculative_config=speculative_config,
         )
