@@ -109,3 +109,44 @@ def test_a_region_in_an_async_function_and_an_except_block(tmp_path, monkeypatch
         text=True,
     )
     assert lint.returncode == 0, lint.stdout
+
+
+# Two phases' regions in one function (core/sched/scheduler.py: Lab 03.1 and
+# 08.1), and a name the region binds that the function binds again only later.
+PLANTED_TWO_PHASES = """
+def step(xs, budget):
+    xs = list(xs)
+    # BEGIN LAB 98.1: the demand
+    # HINT: receives xs; leaves n.
+    n = len(xs)
+    # END LAB 98.1
+    # BEGIN LAB 99.1: charge it
+    # HINT: receives n and budget; leaves budget.
+    budget -= n
+    # END LAB 99.1
+    for x in xs:
+        n = x
+    return n, budget
+"""
+
+
+def test_each_phase_starter_keeps_only_its_own_markers(tmp_path, monkeypatch):
+    module = tmp_path / "mini_vllm" / "planted_two.py"
+    module.parent.mkdir()
+    module.write_text(textwrap.dedent(PLANTED_TWO_PHASES))
+    monkeypatch.setattr(R, "REPO_ROOT", tmp_path)
+    for phase, other in (("98", "99"), ("99", "98")):
+        starter = R.make_starter(module, phase, set())
+        # Only this phase's markers and hints; the other's code stays, unmarked.
+        assert [r.lab for r in R.find_regions(starter.splitlines())] == [f"{phase}.1"], starter
+        assert f"LAB {other}" not in starter, starter
+        other_hint = "receives n and budget" if other == "99" else "receives xs; leaves n."
+        assert other_hint not in starter, starter
+        assert undefined_names(starter) == [], starter
+    # Phase 98's region binds n; the loop binds it again only after the region,
+    # so the starter needs the placeholder (ruff: F821 without it).
+    starter = R.make_starter(module, "98", set())
+    assert "n = None  # yours to set" in starter, starter
+    # Phase 99's starter keeps phase 98's code (unmarked) and reads n from it.
+    starter = R.make_starter(module, "99", set())
+    assert "    n = len(xs)\n" in starter and "n = None" not in starter, starter
