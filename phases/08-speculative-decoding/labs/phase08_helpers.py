@@ -27,7 +27,7 @@ PROMPTS = [
     "red, green, blue, red, green, blue, red, green, blue, red,",
     "The capital of France is Paris. The capital of Italy is Rome. The capital of",
 ]
-MAX_TOKENS = 12
+MAX_TOKENS = 10
 
 
 def written(fn, *args, **kwargs):
@@ -115,7 +115,7 @@ def smollm2_engine(speculative_config: dict | None, reference=None):
             max_model_len=128,
             block_size=16,
             num_gpu_blocks_override=32,
-            max_num_batched_tokens=32,
+            max_num_batched_tokens=64,
             max_num_seqs=4,
             dtype="float32",
             speculative_config=speculative_config,
