@@ -12,7 +12,7 @@ First the rules, on a scheduler driven by hand; then, marked ``upstream``,
 generated workloads with n-gram speculation (1-5 draft tokens, fake drafts
 and acceptance counts, chunked prefill, prefix caching, preemption, FCFS
 and PRIORITY; mini_vllm/oracle/strategies.py ``spec_workloads``) run
-through your Scheduler and the pinned upstream's (vllm/v1/core/sched/scheduler.py:73)
+through your Scheduler and the pinned upstream's (vllm/v1/core/sched/scheduler.py:64)
 in lockstep; then the four speculative scenarios recorded from upstream.
 """
 
