@@ -2,7 +2,8 @@
 computes ``1 + k`` tokens per request (``k`` drafts verified) against a
 plain decode step (1 token per request), in the same run.
 
-``python -m mini_vllm.benchmarks.spec_step_cost [--k 3] [--batch 1 4] [--repeats 3] [--threads N] [--out DIR]``
+``python -m mini_vllm.benchmarks.spec_step_cost [--k 3] [--batch 1 4] [--repeats 3]
+[--threads N] [--out DIR]``
 
 Speculation pays when a step that verifies ``k`` drafts costs much less than
 ``1 + k`` plain steps: a step then yields ``1 + accepted`` tokens for little
@@ -140,7 +141,9 @@ def main(argv=None) -> int:
         f"\nrunner step cost, SmolLM2 fp32, k={args.k}, {result['threads']} threads "
         f"(medians over {args.repeats} alternating runs)\n"
     )
-    print("| batch | plain step | tokens | verify step | tokens | step ratio | forward ratio | load |")
+    print(
+        "| batch | plain step | tokens | verify step | tokens | step ratio | forward ratio | load |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in result["batches"]:
         print(
