@@ -29,15 +29,26 @@ FREE_QUEUE = Path("phase_02/kv_cache_utils.py")  # Lab 02.1's starter
 APPEND = "        self.append_n([block])\n"  # the body of FreeKVCacheBlockQueue.append
 APPEND_TEST = "test_append_puts_a_block_at_the_back"  # Lab 02.1: calls append
 POOL_TEST = "test_block_0_is_the_null_block_and_never_free"  # Lab 02.2: does not
-# A loop that swallows everything, the per-test timeout and Ctrl-C included.
-SWALLOWING_LOOP = (
-    "        import time\n"
-    "        while True:\n"
-    "            try:\n"
-    "                time.sleep(0.01)\n"
-    "            except BaseException:\n"
-    "                pass\n"
-)
+
+
+def swallowing_loop(first: str = "pass") -> str:
+    """A loop that swallows everything, the per-test timeout and Ctrl-C included;
+    ``first`` runs inside its ``try``, before the sleeping starts. The sleeping
+    loop is itself inside the ``try``: Python raises a signal's exception where
+    it next checks for signals, and with a ``try`` inside ``while True`` one such
+    check is the loop's jump back (JUMP_BACKWARD), outside the ``try``; here the
+    only check outside it is the outer loop's, reached only after an exception
+    was swallowed."""
+    return (
+        "        import time\n"
+        "        while True:\n"
+        "            try:\n"
+        f"                {first}\n"
+        "                while True:\n"
+        "                    time.sleep(0.01)\n"
+        "            except BaseException:\n"
+        "                pass\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +157,7 @@ def test_a_loop_that_swallows_the_timeout_is_stopped_and_the_rest_graded(pristin
     the run past the limit, names the test and the function, and grades the
     tests not yet run (here one of another lab) in a new run."""
     labs = solved(pristine, tmp_path)
-    plant(labs, FREE_QUEUE, APPEND, SWALLOWING_LOOP)
+    plant(labs, FREE_QUEUE, APPEND, swallowing_loop())
     args = ["02", "--labs-dir", str(labs), "--", "-k", f"{APPEND_TEST} or {POOL_TEST}"]
     proc = check(*args, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:]
@@ -165,12 +176,10 @@ def test_ctrl_c_stops_a_loop_that_swallows_it(pristine, tmp_path):
     says where it was, gives no score, exits 130."""
     labs = solved(pristine, tmp_path)
     started = tmp_path / "started"
-    plant(
-        labs,
-        FREE_QUEUE,
-        APPEND,
-        f"        open({str(started)!r}, 'w').close()\n" + SWALLOWING_LOOP,
-    )
+    # Written inside the loop's try, so that from then on a Ctrl-C is swallowed.
+    # Written before the loop, as it was, a Ctrl-C sent as soon as the file appeared
+    # escaped 4 times in 400 on a loaded machine and ended the test before the loop.
+    plant(labs, FREE_QUEUE, APPEND, swallowing_loop(f"open({str(started)!r}, 'w').close()"))
     old = stale_score(tmp_path)
     proc = subprocess.Popen(
         check_cmd("02.1", "--labs-dir", str(labs), "--", "-k", APPEND_TEST),

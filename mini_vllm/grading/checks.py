@@ -6,7 +6,7 @@ Both return None or a message; a crash, a run in which no request advances
 under grade becomes a message too (only NotImplementedError, an
 unwritten lab region, propagates).
 
-``lab_settings`` is the hypothesis profile every graded lockstep shares.
+``lab_settings`` is the hypothesis profile every graded property shares.
 
 Both checks run the loop upstream's EngineCore runs (``schedule()`` -> fake model
 -> ``update_from_output()``) and compare every step; a failure names the
@@ -28,17 +28,23 @@ from mini_vllm.oracle.workload import Stalled, Workload, first_difference, run_w
 YOURS = "your scheduler"
 
 
-def lab_settings(max_examples: int) -> settings:
-    """Hypothesis settings for a graded lockstep: the same examples on every
+def lab_settings(max_examples: int, *, shrink: bool = False) -> settings:
+    """Hypothesis settings for a graded property: the same examples on every
     run (derandomized, no example database, so a student's score does not
-    move between runs), no deadline (the machine may be slow), and no
-    shrinking (the first failing example is reported as found)."""
+    move between runs) and no deadline (the machine may be slow).
+
+    One failure is reported (``report_multiple_bugs=False``). By default it is
+    the first found, as found (no shrinking), which suits a lockstep whose
+    examples are whole workloads; ``shrink=True`` shrinks it to a smaller
+    example first, for properties whose inputs read better small (a free
+    queue's operations, a stop string)."""
     return settings(
         max_examples=max_examples,
         deadline=None,
         derandomize=True,
         database=None,
-        phases=[Phase.explicit, Phase.generate],
+        phases=[Phase.explicit, Phase.generate, *([Phase.shrink] if shrink else [])],
+        report_multiple_bugs=False,
         suppress_health_check=[
             HealthCheck.too_slow,
             HealthCheck.data_too_large,

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from mini_vllm.oracle.batch_workload import _observe
-from mini_vllm.oracle.workload import Progress, Workload, _fake_runner_output, make_request
+from mini_vllm.oracle.workload import Arrivals, Progress, Workload, _fake_runner_output
 
 NOT_SAMPLED = -1  # the token a row gets when the scheduler expects none
 
@@ -333,21 +333,13 @@ def run_runner_workload(
     sched = upstream.create_scheduler(**workload.config)
     eos = upstream.EOS_TOKEN_ID
     side = side_factory(workload.config, reorder_batch_threshold, eos + 1, eos)
-    block_size = workload.config.get("block_size", 16)
     specs = {s.req_id: s for s in workload.requests}
-    arrival_order = sorted(workload.requests, key=lambda s: s.arrive_step)
-    arrival_time = {s.req_id: float(i) for i, s in enumerate(workload.requests)}
+    arrivals = Arrivals(upstream, sched, workload)
     trace: list[tuple[str, dict]] = []
-    next_arrival, step, progress = 0, 0, Progress()
+    step, progress = 0, Progress()
     while True:
-        while next_arrival < len(arrival_order) and arrival_order[next_arrival].arrive_step <= step:
-            spec = arrival_order[next_arrival]
-            sched.add_request(make_request(upstream, spec, arrival_time[spec.req_id], block_size))
-            next_arrival += 1
-        aborts = sorted(s.req_id for s in workload.requests if s.abort_step == step)
-        if aborts:
-            sched.finish_requests(aborts, upstream.RequestStatus.FINISHED_ABORTED)
-        if next_arrival == len(arrival_order) and not sched.has_requests():
+        arrivals.admit(step)
+        if not arrivals.pending and not sched.has_requests():
             break
         if step >= workload.max_steps:
             raise RuntimeError(f"workload {workload.name!r} did not finish in {step} steps")

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from mini_vllm.attention.backend import AttentionImpl, AttentionMetadata
+from mini_vllm.attention.backends.torch_attn import reshape_and_cache
 from mini_vllm.kv_cache_interface import cdiv
 
 _workspace = threading.local()
@@ -165,14 +166,10 @@ class CPUAttentionBackendImpl(AttentionImpl):
         self, query, key, value, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> torch.Tensor:
         n = attn_metadata.num_actual_tokens
-        block_size = kv_cache.shape[2]
-        slot_mapping = attn_metadata.slot_mapping[:n]  # [n]
-        blocks, offsets = slot_mapping // block_size, slot_mapping % block_size  # [n] each
-        kv_cache[blocks, 0, offsets] = key[:n].to(kv_cache.dtype)
-        kv_cache[blocks, 1, offsets] = value[:n].to(kv_cache.dtype)
+        reshape_and_cache(key[:n], value[:n], kv_cache, attn_metadata.slot_mapping[:n])
 
         out = torch.zeros_like(query)  # [num_tokens, num_heads, head_size]
-        plan = plan_for(attn_metadata, block_size)
+        plan = plan_for(attn_metadata, kv_cache.shape[2])
         for group in plan.decode_groups:
             self._decode(query, kv_cache, group, out)
         for row in plan.prefill_rows:

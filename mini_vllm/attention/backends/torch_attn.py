@@ -3,7 +3,8 @@
 Plays the role of upstream's attention backends (for example
 ``TritonAttentionImpl.forward`` (vllm/v1/attention/backends/triton_attn.py:526))
 with none of their speed: it stores the new keys and values at their slots
-(upstream: ``do_kv_cache_update`` (triton_attn.py:720) calling
+(``reshape_and_cache``, which the cpu backend shares; upstream:
+``do_kv_cache_update`` (triton_attn.py:720) calling
 ``triton_reshape_and_cache_flash``), then gathers each request's keys and
 values out of the paged cache through its block table and runs ordinary
 causal attention (torch's ``scaled_dot_product_attention``), one request at a
@@ -19,6 +20,28 @@ from mini_vllm.attention.backend import AttentionImpl, AttentionMetadata
 from mini_vllm.kv_cache_interface import cdiv
 
 
+def reshape_and_cache(
+    key: torch.Tensor,  # [n, num_kv_heads, head_size]
+    value: torch.Tensor,  # [n, num_kv_heads, head_size]
+    kv_cache: torch.Tensor,  # [num_blocks, 2, block_size, num_kv_heads, head_size]
+    slot_mapping: torch.Tensor,  # [n]
+) -> None:
+    """Write ``key[t]`` and ``value[t]`` into ``kv_cache`` at slot ``slot_mapping[t]``,
+    in place, converted to the cache's dtype: the torch twin of the Triton kernel in
+    ops/triton_reshape_and_cache.py, shared by the torch and cpu backends."""
+    # BEGIN LAB 04.2: reshape_and_cache (the store), in torch
+    # HINT: receives key, value, kv_cache, slot_mapping; leaves the n new keys and values
+    # HINT: written into kv_cache (nothing else).
+    # HINT: slot s is offset s % block_size of block s // block_size;
+    # HINT: kv_cache[block, 0, offset] holds a key, kv_cache[block, 1, offset] its value.
+    block_size = kv_cache.shape[2]
+    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size  # [n] each
+    # kv_cache[blocks, 0, offsets]: [n, num_kv_heads, head_size], as key
+    kv_cache[blocks, 0, offsets] = key.to(kv_cache.dtype)
+    kv_cache[blocks, 1, offsets] = value.to(kv_cache.dtype)
+    # END LAB 04.2
+
+
 class TorchAttentionImpl(AttentionImpl):
     # Decodes first on every CPU, so the reorder runs; upstream's CPU backend
     # asks for it only off x86 and ARM (vllm/v1/attention/backends/cpu_attn.py:139).
@@ -29,18 +52,8 @@ class TorchAttentionImpl(AttentionImpl):
     ) -> torch.Tensor:
         n = attn_metadata.num_actual_tokens
         block_size = kv_cache.shape[2]
-        slot_mapping = attn_metadata.slot_mapping[:n]  # [n]
         # 1. Store the new keys and values in their slots.
-        # BEGIN LAB 04.2: reshape_and_cache and the paged gather, in torch
-        # HINT: receives key, value, kv_cache, slot_mapping, n, block_size; leaves the n new
-        # HINT: keys and values written into kv_cache (nothing else).
-        # HINT: slot s is offset s % block_size of block s // block_size;
-        # HINT: kv_cache[block, 0, offset] holds a key, kv_cache[block, 1, offset] its value.
-        blocks, offsets = slot_mapping // block_size, slot_mapping % block_size  # [n] each
-        # kv_cache[blocks, 0, offsets]: [n, num_kv_heads, head_size], as key[:n]
-        kv_cache[blocks, 0, offsets] = key[:n].to(kv_cache.dtype)
-        kv_cache[blocks, 1, offsets] = value[:n].to(kv_cache.dtype)
-        # END LAB 04.2
+        reshape_and_cache(key[:n], value[:n], kv_cache, attn_metadata.slot_mapping[:n])
 
         # 2. Attend, request by request: the query rows are the last q_len
         #    positions of a sequence of seq_len tokens, so row r (position

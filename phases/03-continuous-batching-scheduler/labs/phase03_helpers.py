@@ -13,9 +13,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
 import mini_vllm.testing as mini
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.workload import Stalled, run_workload
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -39,15 +39,7 @@ def reference_text(text: str, path: str) -> str:
 
 
 # No explain phase (it traces every line: slow on a broken scheduler), no database.
-PROPERTY = settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    report_multiple_bugs=False,
-    phases=[Phase.generate, Phase.shrink],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+PROPERTY = lab_settings(60, shrink=True)
 
 TOKEN = 1000  # what the fake model samples (never EOS, never a stop token)
 

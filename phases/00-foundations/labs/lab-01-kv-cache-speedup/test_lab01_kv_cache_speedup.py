@@ -16,8 +16,10 @@ the given ``PagedModel``. Graded:
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from mini_vllm.grading.checks import lab_settings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,7 +147,7 @@ def test_property_prompt_lengths_and_steps(impl, tiny_qwen3, hf_greedy, monkeypa
     pm = paged(impl, model, max_model_len=64)
     fns.greedy_with_cache(pm, [1, 2, 3], 2)  # an unwritten lab fails here, before hypothesis
 
-    @settings(max_examples=10, deadline=None, derandomize=True, database=None)
+    @lab_settings(10, shrink=True)
     @given(prompt=st.lists(st.integers(3, 511), min_size=1, max_size=24), n=st.integers(1, 8))
     def prop(prompt, n):
         expected = hf_greedy(hf, prompt, n)

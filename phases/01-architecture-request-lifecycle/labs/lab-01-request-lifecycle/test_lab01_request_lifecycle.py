@@ -15,11 +15,12 @@ RUNNING -> FINISHED_* exactly as the reference's do.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import mini_vllm.testing as mini
 from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle import lifecycle
 from mini_vllm.oracle.snapshots import SNAPSHOT_DIR, load
 from mini_vllm.oracle.workload import first_difference, run_workload
@@ -27,13 +28,7 @@ from mini_vllm.request import Request as ReferenceRequest
 from mini_vllm.request import RequestStatus
 from mini_vllm.sampling_params import SamplingParams
 
-PROPERTY = settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+PROPERTY = lab_settings(60, shrink=True)
 
 # A list of appends: each is one token id or a list of them.
 APPENDS = st.lists(

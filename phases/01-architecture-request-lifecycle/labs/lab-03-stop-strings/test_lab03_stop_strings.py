@@ -13,21 +13,16 @@ rule; last, a real run in which a stop string ends a request.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mini_vllm.engine.detokenizer import IncrementalDetokenizer as ReferenceDetokenizer
 from mini_vllm.engine.detokenizer import check_stop_strings as reference_check
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle import lifecycle
 from mini_vllm.sampling_params import SamplingParams
 
-PROPERTY = settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+PROPERTY = lab_settings(300, shrink=True)
 
 # Few letters, so that stop strings occur, overlap and repeat.
 TEXT = st.text(alphabet="ab c", max_size=14)
@@ -221,13 +216,7 @@ def test_update_rules(impl, loaded, rule, prompt, text, kwargs, chunk, terminate
 @pytest.mark.upstream
 @pytest.mark.points(2)
 @pytest.mark.timeout(180)
-@settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@lab_settings(40, shrink=True)
 @given(
     words=st.lists(
         st.sampled_from(["the", "cat", "sat", "on", "a", "mat", ".", ",", "ok"]),

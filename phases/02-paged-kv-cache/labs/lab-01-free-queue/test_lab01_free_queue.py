@@ -20,23 +20,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.internal.conjecture import engine as hypothesis_engine
 
 from mini_vllm.core.kv_cache_utils import KVCacheBlock
 from mini_vllm.grading import kv_checks
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.kv_workload import walk_free_queue
 
-PROPERTY = settings(
-    max_examples=200,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate, Phase.shrink],
-    report_multiple_bugs=False,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+PROPERTY = lab_settings(200, shrink=True)
 SHRINK_SECONDS = 10
 
 
@@ -195,8 +188,10 @@ def test_remove_takes_constant_time(impl):
     """A prefix-cache hit pulls its block out of the middle of the queue, on
     every admission. Unlinking costs four assignments wherever the block
     sits; a remove that searches the list costs a step per block before it.
-    So 2,000 removes deep in a queue of 100,000 blocks must take about as
-    long as 2,000 removes near its front."""
+    So removes deep in a queue of 100,000 blocks must take about as long as
+    removes near its front. They are timed in rounds of 200, near and deep in
+    turn, and each side's fastest round is compared: a busy machine only adds
+    time to a round, so the fastest is the closest to the code's own cost."""
 
     def timed(blocks) -> float:
         start = time.perf_counter()
@@ -205,13 +200,17 @@ def test_remove_takes_constant_time(impl):
         return time.perf_counter() - start
 
     queue, blocks = make(impl, 100_000)
-    near = timed(blocks[1_000:3_000])
-    deep = timed(blocks[90_000:92_000])
-    assert deep < 5 * near + 0.05, (
-        f"2,000 remove() calls took {near * 1000:.1f} ms near the front of a queue of "
-        f"100,000 blocks but {deep * 1000:.1f} ms deep in it: remove() must not search the "
-        "list. The block knows its neighbours (prev_free_block, next_free_block): join them "
-        "to each other and clear its links, in O(1) wherever it sits."
+    near, deep = [], []
+    for r in range(0, 2_000, 200):
+        near.append(timed(blocks[1_000 + r : 1_200 + r]))
+        deep.append(timed(blocks[90_000 + r : 90_200 + r]))
+    near, deep = min(near), min(deep)
+    assert deep < 5 * near + 0.002, (
+        f"200 remove() calls took {near * 1000:.2f} ms near the front of a queue of "
+        f"100,000 blocks but {deep * 1000:.2f} ms deep in it (the fastest of 10 rounds "
+        "each): remove() must not search the list. The block knows its neighbours "
+        "(prev_free_block, next_free_block): join them to each other and clear its "
+        "links, in O(1) wherever it sits."
     )
     assert queue.num_free_blocks == 96_000
 

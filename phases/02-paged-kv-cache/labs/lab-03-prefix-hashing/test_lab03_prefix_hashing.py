@@ -25,24 +25,17 @@ from __future__ import annotations
 import types
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.internal.conjecture import engine as hypothesis_engine
 
 from mini_vllm.core.kv_cache_utils import NONE_HASH, sha256
 from mini_vllm.grading import kv_checks
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle import kv_snapshots
 from mini_vllm.oracle.kv_strategies import kv_workloads
 
-PROPERTY = settings(
-    max_examples=120,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate, Phase.shrink],
-    report_multiple_bugs=False,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+PROPERTY = lab_settings(120, shrink=True)
 SHRINK_SECONDS = 10
 BS = 4
 

@@ -27,11 +27,12 @@ import traceback
 import zlib
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 
 import mini_vllm.testing as mini
 from mini_vllm.engine import FinishReason
 from mini_vllm.grading import checks
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle import strategies
 from mini_vllm.oracle.workload import Progress, fake_token, make_request
 from mini_vllm.outputs import ModelRunnerOutput
@@ -39,15 +40,7 @@ from mini_vllm.request import RequestStatus
 
 # What the finished_lab fixture (labs/conftest.py) runs first.
 FAIL_FAST_SCENARIO = "stop_conditions"
-PROPERTY = settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate, Phase.shrink],
-    report_multiple_bugs=False,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+PROPERTY = lab_settings(150, shrink=True)
 
 EOS = mini.EOS_TOKEN_ID
 STOPPED = RequestStatus.FINISHED_STOPPED

@@ -20,26 +20,19 @@ import dataclasses
 import traceback
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import mini_vllm.testing as mini
 from mini_vllm.grading import checks
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle import strategies
 from mini_vllm.oracle.workload import Progress, RequestSpec, Workload, fake_token, make_request
 from mini_vllm.request import RequestStatus
 
 # What the finished_lab fixture (labs/conftest.py) runs first.
 FAIL_FAST_SCENARIO = "prefix_cache_hits"
-PROPERTY = settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate, Phase.shrink],
-    report_multiple_bugs=False,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+PROPERTY = lab_settings(150, shrink=True)
 
 SHARED = [7] * 32  # two full blocks of 16
 

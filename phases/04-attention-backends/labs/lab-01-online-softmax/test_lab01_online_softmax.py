@@ -16,19 +16,14 @@ import importlib
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mini_vllm.attention.ops import merge_attn_states as reference_module
+from mini_vllm.grading.checks import lab_settings
 
 pytestmark = pytest.mark.timeout(60)
-PROPERTY = settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+PROPERTY = lab_settings(40, shrink=True)
 INF = float("inf")
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mini_vllm.entrypoints.llm import LLM
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.testing import hf_greedy
 from mini_vllm.worker import gpu_worker
@@ -28,13 +29,7 @@ from mini_vllm.worker import gpu_worker
 from phase04_helpers import dense_attention
 
 pytestmark = pytest.mark.timeout(60)
-PROPERTY = settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+PROPERTY = lab_settings(40, shrink=True)
 
 
 def run(impl, batch, num_heads, num_kv_heads, head_size):

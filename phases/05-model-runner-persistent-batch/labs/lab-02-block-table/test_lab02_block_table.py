@@ -17,21 +17,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.worker.block_table import PAD_SLOT_ID
 from mini_vllm.worker.block_table import BlockTable as ReferenceBlockTable
 
 from phase05_helpers import written
 
-PROPERTY = settings(
-    max_examples=30,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+PROPERTY = lab_settings(30, shrink=True)
 CPU = torch.device("cpu")
 
 

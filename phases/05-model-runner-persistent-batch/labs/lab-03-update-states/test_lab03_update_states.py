@@ -19,9 +19,10 @@ through a replay of upstream's ``_update_states`` on upstream's
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 
 from mini_vllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.runner_workload import (
     UpstreamRunnerSide,
     first_runner_difference,
@@ -271,18 +272,7 @@ def test_upstream_schedulers_outputs_on_named_scenarios(impl, workload):
 @pytest.mark.upstream
 @pytest.mark.points(5)
 @pytest.mark.timeout(120)
-@settings(
-    max_examples=20,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+@lab_settings(20)
 @given(workload=workloads())
 def test_upstream_schedulers_outputs_on_generated_workloads(impl, workload):
     _check(impl, workload)

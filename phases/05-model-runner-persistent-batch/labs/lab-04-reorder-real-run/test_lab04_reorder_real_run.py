@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mini_vllm.attention.backends.utils import (
@@ -30,6 +30,7 @@ from mini_vllm.attention.backends.utils import (
 )
 from mini_vllm.engine.llm_engine import LLMEngine
 from mini_vllm.entrypoints.llm import LLM
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.testing import hf_greedy
 
@@ -41,13 +42,7 @@ from phase05_helpers import (
     written,
 )
 
-PROPERTY = settings(
-    max_examples=100,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+PROPERTY = lab_settings(100, shrink=True)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 REGION_NAMES = ["decode", "short extend", "long extend", "prefill"]
 

@@ -241,9 +241,9 @@ def test_processed_logits_equal_upstreams_samplers(impl, up, case, monkeypatch):
     from mini_vllm.worker.gpu_model_runner import build_logitsprocs
 
     mini = mini_batch(case, logitsprocs=build_logitsprocs(CONFIG, torch.device("cpu")))
-    upstream = upstream_batch(up, case)
     logits = case.logits[: mini.num_reqs]
     got = written(Sampler.apply_logits_processors, logits.clone(), mini.sampling_metadata)
+    upstream = upstream_batch(up, case)  # after yours: an unwritten region fails without it
     want = up.Sampler().apply_logits_processors(logits.clone(), upstream.sampling_metadata, False)
     diff = first_row_difference(got, want)
     assert diff is None, (

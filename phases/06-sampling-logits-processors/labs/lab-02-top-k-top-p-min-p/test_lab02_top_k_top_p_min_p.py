@@ -180,6 +180,9 @@ def masked_batches(draw):
 @given(batch=masked_batches())
 def test_masks_equal_upstreams_on_generated_batches(impl, up, batch):
     logits, k, p, min_p = batch
+    # Drawn batches may use neither filter: an unwritten region fails here instead, on a
+    # row with p = 1.0 (off), before upstream's modules are imported.
+    written(impl.topk_topp_sampler.apply_top_k_top_p, logits[:1].clone(), None, torch.ones(1))
     kt = None if k is None else torch.tensor(k, dtype=torch.int64)
     pt = None if p is None else torch.tensor(p, dtype=torch.float32)
     got = written(impl.topk_topp_sampler.apply_top_k_top_p, logits.clone(), kt, pt)
@@ -232,10 +235,16 @@ def test_sampled_frequencies_fit_the_exact_distribution(impl, up, name, monkeypa
 
     exact = logits[:1].clone()  # float32 [1, V]
     if min_p:
-        exact = upstream_min_p(up, [min_p]).apply(exact)
         # Every row is the same: your min_p on one row, then copied to all.
         row = written(min_p_processor(impl, [min_p]).apply, logits[:1].clone())
+        exact = upstream_min_p(up, [min_p]).apply(exact)
         logits = row.repeat(DRAWS, 1)
+    torch.manual_seed(1234)
+    sampler = reference_topk_topp.TopKTopPSampler("raw_logprobs")
+    tokens, _ = written(sampler.forward_native, logits, {}, kt, pt)
+    counts = torch.bincount(tokens, minlength=V).double()
+
+    # Upstream's masks after your draws: an unwritten region fails without the import.
     k1 = None if kt is None else kt[:1]
     p1 = None if pt is None else pt[:1]
     exact = up.topk_topp.apply_top_k_top_p_pytorch(exact, k1, p1, allow_cpu_sync=True)
@@ -243,11 +252,6 @@ def test_sampled_frequencies_fit_the_exact_distribution(impl, up, name, monkeypa
     keep = probs > 0
     expected = probs * DRAWS
     assert float(expected[keep].min()) >= MIN_EXPECTED, "the test's case is too thin"
-
-    torch.manual_seed(1234)
-    sampler = reference_topk_topp.TopKTopPSampler("raw_logprobs")
-    tokens, _ = written(sampler.forward_native, logits, {}, kt, pt)
-    counts = torch.bincount(tokens, minlength=V).double()
     outside = {i: int(counts[i]) for i in range(V) if not keep[i] and counts[i]}
     assert not outside, (
         f"{name}: tokens {outside} (token: times drawn) were drawn, but upstream's mask "

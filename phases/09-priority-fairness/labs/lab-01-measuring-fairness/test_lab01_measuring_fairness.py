@@ -17,25 +17,18 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import mini_vllm.testing as mini
 from mini_vllm.grading import checks
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle import snapshots, strategies
 from mini_vllm.oracle.workload import first_difference, run_workload
 
 pytestmark = pytest.mark.timeout(20)
 
-PROPERTY = settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    report_multiple_bugs=False,
-    phases=[Phase.generate, Phase.shrink],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+PROPERTY = lab_settings(40, shrink=True)
 FIELDS = (
     "num_generation_tokens",
     "e2e_latency",

@@ -16,28 +16,21 @@ tests/upstream/test_lockstep.py; the recorded scenarios come from the pin).
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import mini_vllm.testing as mini
 from mini_vllm.core.sched.request_queue import FCFSRequestQueue
 from mini_vllm.grading import checks
 from mini_vllm.grading.aging_checks import contended_workloads, watching, with_bound
+from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle import snapshots, strategies
 from mini_vllm.oracle.workload import RequestSpec, Stalled, Workload, run_workload
 from mini_vllm.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(20)
 
-PROPERTY = settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    report_multiple_bugs=False,
-    phases=[Phase.generate, Phase.shrink],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+PROPERTY = lab_settings(60, shrink=True)
 NEVER = 10**9  # a bound no request reaches
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mini_vllm.entrypoints.openai import serving_engine as ref_serving
@@ -31,16 +31,11 @@ from mini_vllm.entrypoints.openai.protocol import (
     UnsupportedParameterError,
 )
 from mini_vllm.entrypoints.openai.serving_engine import NotFoundError
+from mini_vllm.grading.checks import lab_settings
 
 from phase16_helpers import call
 
-PROPERTY = settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+PROPERTY = lab_settings(150, shrink=True)
 # The SamplingParams fields both mini_vllm and upstream have.
 SHARED = [
     "temperature",
