@@ -1,6 +1,7 @@
 """Continuous batching against static batching on a CPU, in one run.
 
-``python -m mini_vllm.benchmarks.continuous_batching [--quick] [--repeats N] [--out DIR]``
+``python -m mini_vllm.benchmarks.continuous_batching [--dtype float32|bfloat16] [--quick]``
+``[--repeats N] [--out DIR] [--note TEXT]``
 
 The workload users have, in the shape of nano-vllm's benchmark (its bench.py:
 256 sequences, prompt and output lengths each uniform in 100-1024, all
@@ -16,6 +17,17 @@ below goes through the whole workload (mini_vllm 5 times, transformers 7),
 and the lot must stay near 15 minutes on this machine while other jobs
 share it (measured: 6 minutes quiet, 16 minutes with ``--repeats 2`` at
 load average 10). ``--quick``: 32 requests, the same lengths, for development.
+
+``--dtype bfloat16`` runs both sides in bfloat16 (weights, activations and KV
+cache; mini_vllm's sampler still computes in float32, as upstream's does), with
+transformers swept over batches of 8 to 128 since its best batch may move (a
+bfloat16 matmul's rate grows with its rows much more than a float32 one's on a
+CPU with AMX), and the matmul-rate table in bfloat16. The tokens of the two
+sides then need not be equal (different kernels round differently): for every
+request whose tokens differ, the script finds the first position where they
+do and measures, with transformers in float32 on the common prefix, the gap
+in log-probability between the two tokens chosen there; a difference that
+starts at a near tie has a small gap.
 
 - mini_vllm: one ``LLM.generate`` over all of them (max_num_seqs = all,
   2048-token budget, the default CPU attention backend, prefix cache reset
@@ -38,7 +50,8 @@ run, at the first thread count:
   sizes the engine runs (decode rows and prefill chunks), and the time the
   run's decoder-layer linear FLOPs would take at the best of those rates.
 
-Writes ``OUT/continuous_batching_cpu.json`` after each thread count; prints
+Writes ``OUT/continuous_batching_cpu.json`` (``_bf16.json`` in bfloat16) after each
+thread count, with ``--note`` in it when given; prints
 markdown tables. This is mini_vllm's own benchmark (upstream's is
 vllm/benchmarks/throughput.py).
 """
@@ -73,7 +86,8 @@ SHAPE = (
     "nano-vllm's shape (256 req, prompts and outputs each uniform in 100-1024) scaled to "
     "this CPU: half the requests, lengths / 25.6 (max/min 10x, as nano-vllm's)"
 )
-HF_BATCHES = (8, 16, 32, 64)
+HF_BATCHES = {"float32": (8, 16, 32, 64), "bfloat16": (8, 16, 32, 64, 128)}
+DTYPE_TAG = {"float32": "fp32", "bfloat16": "bf16"}
 med = statistics.median
 
 
@@ -85,9 +99,9 @@ def linear_shapes(cfg) -> list[tuple[int, int]]:
     return [(h, q + 2 * kv), (q, h), (h, 2 * i), (i, h)]
 
 
-def matmul_rate(m: int, shapes, iters: int = 5) -> float:
-    """Median fp32 FLOP/s of ``[m, in] @ [in, out]`` over one layer's linear shapes."""
-    xs = [(torch.randn(m, k), torch.randn(n, k)) for k, n in shapes]
+def matmul_rate(m: int, shapes, dtype: torch.dtype, iters: int = 5) -> float:
+    """Median FLOP/s of ``[m, in] @ [in, out]`` in ``dtype`` over one layer's linear shapes."""
+    xs = [(torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)) for k, n in shapes]
     flops = sum(2 * m * k * n for k, n in shapes)
     times = []
     for _ in range(iters + 1):
@@ -98,11 +112,13 @@ def matmul_rate(m: int, shapes, iters: int = 5) -> float:
     return flops / med(times[1:])
 
 
-def hf_sweep(hf, workload, pad_id, mini_tokens):
-    sweep = {}
-    for bs in HF_BATCHES:
+def hf_sweep(hf, workload, pad_id, mini_tokens, batches):
+    """(results by batch size, greedy tokens by batch size)."""
+    sweep, tokens = {}, {}
+    for bs in batches:
         r = run_hf(hf, workload, bs, pad_id)
-        same = sum(a == b for a, b in zip(r.pop("tokens"), mini_tokens, strict=True))
+        tokens[bs] = r.pop("tokens")
+        same = sum(a == b for a, b in zip(tokens[bs], mini_tokens, strict=True))
         r["identical_to_mini"] = f"{same}/{len(workload)}"
         r["run"] = {k: v for k, v in r.items() if k != "identical_to_mini"}  # for the timed pairs
         sweep[bs] = r
@@ -111,7 +127,42 @@ def hf_sweep(hf, workload, pad_id, mini_tokens):
             f"{r['identical_to_mini']} identical (load {r['loadavg_1m']:.1f})",
             file=sys.stderr,
         )
-    return sweep
+    return sweep, tokens
+
+
+@torch.inference_mode()
+def first_differences(ref, workload, mini_tokens, hf_tokens) -> dict:
+    """Where the two sides' greedy tokens part, and how close the call was there.
+
+    For every request whose tokens differ: the first differing position, the
+    two tokens chosen there, and ``ref``'s (transformers in float32) gap in
+    log-probability between them, computed on the prompt and the tokens both
+    sides agree on; also whether ``ref``'s own choice there is one of the two.
+    """
+    diffs = []
+    for req, ((prompt, _), a, b) in enumerate(zip(workload, mini_tokens, hf_tokens, strict=True)):
+        if a == b:
+            continue
+        i = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+        logits = ref(torch.tensor([prompt + a[:i]])).logits[0, -1]  # [V]
+        logprobs = logits.float().log_softmax(-1)  # float32 [V]
+        diffs.append(
+            dict(
+                request=req,
+                position=i,
+                mini_token=a[i],
+                hf_token=b[i],
+                fp32_gap_nats=abs(logprobs[a[i]] - logprobs[b[i]]).item(),
+                fp32_choice_is_one_of_them=int(logprobs.argmax()) in (a[i], b[i]),
+            )
+        )
+    gaps = [d["fp32_gap_nats"] for d in diffs]
+    return dict(
+        differing=len(diffs),
+        max_fp32_gap_nats=max(gaps, default=None),
+        median_fp32_gap_nats=med(gaps) if gaps else None,
+        requests=diffs,
+    )
 
 
 def alternate(llm, timer, hf, workload, hf_batch, pad_id, repeats, first_pair=None):
@@ -155,7 +206,10 @@ def main(argv=None):
         "--other-repeats", type=int, default=1, help="repeats at the thread counts after the first"
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--dtype", choices=sorted(HF_BATCHES), default="float32")
+    parser.add_argument("--note", help="a remark stored in the results file (e.g. the load)")
     args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -172,11 +226,11 @@ def main(argv=None):
         max_num_seqs=n,
         max_num_batched_tokens=2048,
         device="cpu",
-        dtype="float32",
+        dtype=args.dtype,
     )
     engine = llm.llm_engine
     hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
+        str(path.parent), gguf_file=path.name, dtype=dtype
     ).eval()
     pad_id = hf.generation_config.pad_token_id or 0
     cfg = engine.hf_config
@@ -184,7 +238,8 @@ def main(argv=None):
     timer = StepTimer(llm)
     threads0 = torch.get_num_threads()
     result = dict(
-        model="SmolLM2-135M (GGUF Q4_1 -> fp32)",
+        model=f"SmolLM2-135M (GGUF Q4_1 -> {DTYPE_TAG[args.dtype]})",
+        dtype=args.dtype,
         workload=f"{n} req, prompt {prompt_lens[0]}-{prompt_lens[1]}, "
         f"output {output_lens[0]}-{output_lens[1]}, seed 0",
         shape=SHAPE,
@@ -196,6 +251,8 @@ def main(argv=None):
         transformers=transformers.__version__,
         repeats=args.repeats,
     )
+    if args.note:
+        result["note"] = args.note
 
     # Warm-up, then mini_vllm once for its tokens, then the static-batch sweep.
     torch.set_num_threads(args.threads[0])
@@ -203,7 +260,7 @@ def main(argv=None):
     run_hf(hf, [(p, 2) for p, _ in workload[:2]], 2, pad_id)
     first = run_mini(llm, timer, workload)
     print(f"mini_vllm: {first['tok_s']:.1f} tok/s in {first['wall_s']:.1f}s", file=sys.stderr)
-    sweep = hf_sweep(hf, workload, pad_id, first["tokens"])
+    sweep, hf_tokens = hf_sweep(hf, workload, pad_id, first["tokens"], HF_BATCHES[args.dtype])
     best = max(sweep, key=lambda bs: sweep[bs]["tok_s"])
     result.update(
         hf_sweep={bs: {k: v for k, v in r.items() if k != "run"} for bs, r in sweep.items()},
@@ -212,9 +269,10 @@ def main(argv=None):
     )
 
     # The timed comparison at the first thread count: the first pair is the runs above.
-    out = args.out / "continuous_batching_cpu.json"
+    suffix = "" if args.dtype == "float32" else f"_{DTYPE_TAG[args.dtype]}"
+    out = args.out / f"continuous_batching_cpu{suffix}.json"
     args.out.mkdir(parents=True, exist_ok=True)
-    first.pop("tokens")
+    mini_tokens = first.pop("tokens")
     first.pop("decode")
     pair = first, sweep[best]["run"]
     result["by_threads"] = {
@@ -229,7 +287,7 @@ def main(argv=None):
     result["breakdown_loadavg_1m"] = os.getloadavg()[0]
     shapes, layers, rates = linear_shapes(cfg), cfg.num_hidden_layers, {}
     for m in sorted({8, 32, n, 512, 2048}):
-        rate = matmul_rate(m, shapes)
+        rate = matmul_rate(m, shapes, dtype)
         rates[m] = dict(
             gflop_s=rate / 1e9,
             # the decoder layers' linears for m tokens at that rate (logits excluded)
@@ -242,10 +300,29 @@ def main(argv=None):
     best_rate = max(s["gflop_s"] for s in rates.values()) * 1e9
     result["matmul"] = dict(
         threads=args.threads[0],
+        dtype=args.dtype,
         loadavg_1m=os.getloadavg()[0],
         by_rows=rates,
         run_linear_floor_s=flops / best_rate,
     )
+
+    # Where the tokens differ, how close the call was (float32 transformers as the judge).
+    ref = hf
+    if dtype != torch.float32:
+        ref = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).eval()
+    result["first_differences"] = {
+        bs: first_differences(ref, workload, mini_tokens, tokens)
+        for bs, tokens in hf_tokens.items()
+    }
+    # How far each side's greedy tokens are from float32's (transformers', batch ``best``).
+    fp32 = hf_tokens[best] if ref is hf else run_hf(ref, workload, best, pad_id)["tokens"]
+    result["identical_to_fp32"] = {
+        name: f"{sum(a == b for a, b in zip(toks, fp32, strict=True))}/{len(workload)}"
+        for name, toks in (("mini", mini_tokens), (f"hf_batch_{best}", hf_tokens[best]))
+    }
+    del ref
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result), flush=True)
 
@@ -266,11 +343,14 @@ def table(r) -> str:
         f"{r['workload']}; {r['model']}; attention backend {r['attention_backend']}",
         f"Shape: {r['shape']}.",
         "",
-        "| transformers static batch | useful tok/s | identical tokens |",
-        "|---:|---:|---:|",
+        "| transformers static batch | useful tok/s | identical tokens "
+        "| largest fp32 gap at a first difference |",
+        "|---:|---:|---:|---:|",
     ]
     for bs, s in r["hf_sweep"].items():
-        lines.append(f"| {bs} | {s['tok_s']:.1f} | {s['identical_to_mini']} |")
+        gap = r.get("first_differences", {}).get(bs, {}).get("max_fp32_gap_nats")
+        gap = "-" if gap is None else f"{gap:.3f} nats"
+        lines.append(f"| {bs} | {s['tok_s']:.1f} | {s['identical_to_mini']} | {gap} |")
     lines += [
         "",
         f"| threads | mini_vllm tok/s | HF (batch {r['hf_best_batch']}) tok/s | mini/HF "
@@ -290,6 +370,9 @@ def table(r) -> str:
     ]
     for part, s in r["breakdown_s"].items():
         lines.append(f"| {part} | {s:.2f} | {100 * s / total:.0f}% |")
+    if "identical_to_fp32" in r:
+        same = ", ".join(f"{k} {v}" for k, v in r["identical_to_fp32"].items())
+        lines.append(f"\nGreedy tokens identical to float32 transformers': {same}.")
     lines.append(
         f"\nThe run's decoder linears at the best measured matmul rate: "
         f"{r['matmul']['run_linear_floor_s']:.2f} s (logits excluded)."
@@ -297,7 +380,8 @@ def table(r) -> str:
     lines += [
         "",
         f"| matmul rows ({r['matmul']['threads']} thread(s), load avg "
-        f"{r['matmul']['loadavg_1m']:.1f}) | fp32 GFLOP/s | the decoder's linears at that rate |",
+        f"{r['matmul']['loadavg_1m']:.1f}) | {DTYPE_TAG[r.get('dtype', 'float32')]} GFLOP/s "
+        "| the decoder's linears at that rate |",
         "|---:|---:|---:|",
     ]
     for m, s in r["matmul"]["by_rows"].items():
