@@ -12,8 +12,8 @@ and the gate/up projections into one matmul each and batches requests into
 one flat batch, transformers runs separate projections one prompt at a time,
 and a CPU's bfloat16 matmul rounds differently for different shapes; a
 greedy choice between two tokens closer than that rounding can go either way
-(on the tiny Qwen3, 3 of 10 prompts part this way; float32 transformers
-agrees with each side on some of them). So the bfloat16 test asks for the
+(on the tiny Qwen3 on this project's CPU, with AMX, 3 of the 10 prompts part
+this way, and float32 transformers sides with mini_vllm on two of them). So the bfloat16 test asks for the
 tokens to agree up to the first near tie, judged by float32 transformers.
 """
 

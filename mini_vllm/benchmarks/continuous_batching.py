@@ -26,8 +26,9 @@ CPU with AMX), and the matmul-rate table in bfloat16. The tokens of the two
 sides then need not be equal (different kernels round differently): for every
 request whose tokens differ, the script finds the first position where they
 do and measures, with transformers in float32 on the common prefix, the gap
-in log-probability between the two tokens chosen there; a difference that
-starts at a near tie has a small gap.
+in log-probability between the two tokens chosen there, against bfloat16's own
+error there (the largest |bf16 - fp32| of transformers' logits at that
+position); a difference that starts at a near tie has a gap below that error.
 
 - mini_vllm: one ``LLM.generate`` over all of them (max_num_seqs = all,
   2048-token budget, the default CPU attention backend, prefix cache reset
@@ -140,29 +141,36 @@ def hf_sweep(hf, workload, pad_id, mini_tokens, batches):
 
 
 @torch.inference_mode()
-def first_differences(ref, workload, mini_tokens, hf_tokens) -> dict:
+def first_differences(ref, hf, workload, mini_tokens, hf_tokens) -> dict:
     """Where the two sides' greedy tokens part, and how close the call was there.
 
     For every request whose tokens differ: the first differing position, the
     two tokens chosen there, and ``ref``'s (transformers in float32) gap in
     log-probability between them, computed on the prompt and the tokens both
-    sides agree on; also whether ``ref``'s own choice there is one of the two.
+    sides agree on; whether ``ref``'s own choice there is one of the two; and
+    the run dtype's own error there, the largest |``hf`` - ``ref``| over the
+    vocabulary's logits (``hf``: transformers in the run's dtype). A gap below
+    that error is a tie at the run dtype's precision.
     """
     diffs = []
     for req, ((prompt, _), a, b) in enumerate(zip(workload, mini_tokens, hf_tokens, strict=True)):
         if a == b:
             continue
         i = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
-        logits = ref(torch.tensor([prompt + a[:i]])).logits[0, -1]  # [V]
-        logprobs = logits.float().log_softmax(-1)  # float32 [V]
+        context = torch.tensor([prompt + a[:i]])
+        logits = ref(context).logits[0, -1].float()  # float32 [V]
+        error = (hf(context).logits[0, -1].float() - logits).abs().max().item()
+        logprobs = logits.log_softmax(-1)  # float32 [V]
+        gap = abs(logprobs[a[i]] - logprobs[b[i]]).item()
         diffs.append(
             dict(
                 request=req,
                 position=i,
                 mini_token=a[i],
                 hf_token=b[i],
-                fp32_gap_nats=abs(logprobs[a[i]] - logprobs[b[i]]).item(),
+                fp32_gap_nats=gap,
                 fp32_choice_is_one_of_them=int(logprobs.argmax()) in (a[i], b[i]),
+                dtype_error_nats=error,
             )
         )
     gaps = [d["fp32_gap_nats"] for d in diffs]
@@ -170,6 +178,7 @@ def first_differences(ref, workload, mini_tokens, hf_tokens) -> dict:
         differing=len(diffs),
         max_fp32_gap_nats=max(gaps, default=None),
         median_fp32_gap_nats=med(gaps) if gaps else None,
+        gap_below_dtype_error=sum(d["fp32_gap_nats"] < d["dtype_error_nats"] for d in diffs),
         requests=diffs,
     )
 
@@ -331,7 +340,7 @@ def main(argv=None):
             str(path.parent), gguf_file=path.name, dtype=torch.float32
         ).eval()
     result["first_differences"] = {
-        bs: first_differences(ref, workload, mini_tokens, tokens)
+        bs: first_differences(ref, hf, workload, mini_tokens, tokens)
         for bs, tokens in hf_tokens.items()
     }
     # How far each side's greedy tokens are from float32's (transformers', batch ``best``).
@@ -362,12 +371,15 @@ def table(r) -> str:
         f"Shape: {r['shape']}.",
         "",
         "| transformers static batch | useful tok/s | per CPU s | identical tokens "
-        "| largest fp32 gap at a first difference |",
+        "| largest fp32 gap at a first difference (gaps below the dtype's error) |",
         "|---:|---:|---:|---:|---:|",
     ]
     for bs, s in r["hf_sweep"].items():
-        gap = r.get("first_differences", {}).get(bs, {}).get("max_fp32_gap_nats")
-        gap = "-" if gap is None else f"{gap:.3f} nats"
+        d = r.get("first_differences", {}).get(bs, {})
+        gap = "-"
+        if d.get("max_fp32_gap_nats") is not None:
+            below = f"{d.get('gap_below_dtype_error', '?')}/{d['differing']}"
+            gap = f"{d['max_fp32_gap_nats']:.3f} nats ({below})"
         cpu = f"{s['cpu_tok_s']:.1f}" if "cpu_tok_s" in s else "-"
         lines.append(f"| {bs} | {s['tok_s']:.1f} | {cpu} | {s['identical_to_mini']} | {gap} |")
     lines += [
