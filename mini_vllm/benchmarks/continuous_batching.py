@@ -13,7 +13,8 @@ uniform in 4-40 and outputs uniform in 4-40 (nano-vllm's lengths divided by
 matters: with output lengths spread 10x, a static batch runs every member to
 its longest one, and its prompts are padded to the longest prompt; that is
 the waste continuous batching removes. The scale is what fits: every run
-below goes through the whole workload (mini_vllm 5 times, transformers 7),
+below goes through the whole workload (mini_vllm 5 times, transformers 7;
+8 in bfloat16, where the float32 tokens are computed too),
 and the lot must stay near 15 minutes on this machine while other jobs
 share it (measured: 6 minutes quiet, 16 minutes with ``--repeats 2`` at
 load average 10). ``--quick``: 32 requests, the same lengths, for development.
@@ -54,8 +55,8 @@ pairs (on a shared machine a thread count that ignores a busy core can cost
 run, at the first thread count:
 
 - the per-part breakdown of one mini_vllm run (``step_breakdown``);
-- the machine's fp32 matmul rate for SmolLM2's linear layers at the batch
-  sizes the engine runs (decode rows and prefill chunks), and the time the
+- the machine's matmul rate (in the run's dtype) for SmolLM2's linear layers
+  at the batch sizes the engine runs (decode rows and prefill chunks), and the time the
   run's decoder-layer linear FLOPs would take at the best of those rates.
 
 Writes ``OUT/continuous_batching_cpu.json`` (``_bf16.json`` in bfloat16) after each
