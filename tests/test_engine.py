@@ -13,8 +13,10 @@ one flat batch, transformers runs separate projections one prompt at a time,
 and a CPU's bfloat16 matmul rounds differently for different shapes; a
 greedy choice between two tokens closer than that rounding can go either way
 (on the tiny Qwen3 on this project's CPU, with AMX, 3 of the 10 prompts part
-this way, and float32 transformers sides with mini_vllm on two of them). So the bfloat16 test asks for the
-tokens to agree up to the first near tie, judged by float32 transformers.
+this way, and float32 transformers sides with mini_vllm on two of them). So
+the bfloat16 test asks for the tokens to agree up to the first near tie:
+two tokens whose float32 log-probabilities are closer than bfloat16's own
+error at that position.
 """
 
 from __future__ import annotations
