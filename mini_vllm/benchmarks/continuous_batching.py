@@ -1,6 +1,7 @@
 """Continuous batching against static batching on a CPU, in one run.
 
-``python -m mini_vllm.benchmarks.continuous_batching [--quick] [--repeats N] [--out DIR]``
+``python -m mini_vllm.benchmarks.continuous_batching [--dtype float32|bfloat16] [--quick]``
+``[--repeats N] [--out DIR] [--note TEXT]``
 
 The workload users have, in the shape of nano-vllm's benchmark (its bench.py:
 256 sequences, prompt and output lengths each uniform in 100-1024, all
@@ -12,10 +13,23 @@ uniform in 4-40 and outputs uniform in 4-40 (nano-vllm's lengths divided by
 matters: with output lengths spread 10x, a static batch runs every member to
 its longest one, and its prompts are padded to the longest prompt; that is
 the waste continuous batching removes. The scale is what fits: every run
-below goes through the whole workload (mini_vllm 5 times, transformers 7),
+below goes through the whole workload (mini_vllm 5 times, transformers 7;
+8 in bfloat16, where the float32 tokens are computed too),
 and the lot must stay near 15 minutes on this machine while other jobs
 share it (measured: 6 minutes quiet, 16 minutes with ``--repeats 2`` at
 load average 10). ``--quick``: 32 requests, the same lengths, for development.
+
+``--dtype bfloat16`` runs both sides in bfloat16 (weights, activations and KV
+cache; mini_vllm's sampler still computes in float32, as upstream's does), with
+transformers swept over batches of 8 to 128 since its best batch may move (a
+bfloat16 matmul's rate grows with its rows much more than a float32 one's on a
+CPU with AMX), and the matmul-rate table in bfloat16. The tokens of the two
+sides then need not be equal (different kernels round differently): for every
+request whose tokens differ, the script finds the first position where they
+do and measures, with transformers in float32 on the common prefix, the gap
+in log-probability between the two tokens chosen there, against bfloat16's own
+error there (the largest |bf16 - fp32| of transformers' logits at that
+position); a difference that starts at a near tie has a gap below that error.
 
 - mini_vllm: one ``LLM.generate`` over all of them (max_num_seqs = all,
   2048-token budget, the default CPU attention backend, prefix cache reset
@@ -23,7 +37,14 @@ load average 10). ``--quick``: 32 requests, the same lengths, for development.
 - transformers: ``generate`` in static left-padded batches of 8, 16, 32 and
   64 (default sdpa attention), each batch run to its longest output, swept
   once after mini_vllm's first run; the best batch size of the sweep is the
-  baseline. Tokens are compared with mini_vllm's for every batch size.
+  baseline (at 1 thread, best by tokens per CPU second). Tokens are compared
+  with mini_vllm's for every batch size.
+
+Every run also records its CPU time (``time.process_time``); per CPU second
+is the useful tokens over it. At 1 thread on a machine other jobs share, it
+counts only the time the run held a core (its wall time also counts the
+waits for one), so its ratio is the steadier one there; on a quiet machine
+the two agree. Other jobs still share the caches and memory bandwidth.
 
 The timed comparison at the first thread count (``--threads``, default 1
 then 2) takes mini_vllm's first run and the sweep's run at the best batch
@@ -34,11 +55,12 @@ pairs (on a shared machine a thread count that ignores a busy core can cost
 run, at the first thread count:
 
 - the per-part breakdown of one mini_vllm run (``step_breakdown``);
-- the machine's fp32 matmul rate for SmolLM2's linear layers at the batch
-  sizes the engine runs (decode rows and prefill chunks), and the time the
+- the machine's matmul rate (in the run's dtype) for SmolLM2's linear layers
+  at the batch sizes the engine runs (decode rows and prefill chunks), and the time the
   run's decoder-layer linear FLOPs would take at the best of those rates.
 
-Writes ``OUT/continuous_batching_cpu.json`` after each thread count; prints
+Writes ``OUT/continuous_batching_cpu.json`` (``_bf16.json`` in bfloat16) after each
+thread count, with ``--note`` in it when given; prints
 markdown tables. This is mini_vllm's own benchmark (upstream's is
 vllm/benchmarks/throughput.py).
 """
@@ -73,7 +95,8 @@ SHAPE = (
     "nano-vllm's shape (256 req, prompts and outputs each uniform in 100-1024) scaled to "
     "this CPU: half the requests, lengths / 25.6 (max/min 10x, as nano-vllm's)"
 )
-HF_BATCHES = (8, 16, 32, 64)
+HF_BATCHES = {"float32": (8, 16, 32, 64), "bfloat16": (8, 16, 32, 64, 128)}
+DTYPE_TAG = {"float32": "fp32", "bfloat16": "bf16"}
 med = statistics.median
 
 
@@ -85,9 +108,9 @@ def linear_shapes(cfg) -> list[tuple[int, int]]:
     return [(h, q + 2 * kv), (q, h), (h, 2 * i), (i, h)]
 
 
-def matmul_rate(m: int, shapes, iters: int = 5) -> float:
-    """Median fp32 FLOP/s of ``[m, in] @ [in, out]`` over one layer's linear shapes."""
-    xs = [(torch.randn(m, k), torch.randn(n, k)) for k, n in shapes]
+def matmul_rate(m: int, shapes, dtype: torch.dtype, iters: int = 5) -> float:
+    """Median FLOP/s of ``[m, in] @ [in, out]`` in ``dtype`` over one layer's linear shapes."""
+    xs = [(torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)) for k, n in shapes]
     flops = sum(2 * m * k * n for k, n in shapes)
     times = []
     for _ in range(iters + 1):
@@ -98,20 +121,67 @@ def matmul_rate(m: int, shapes, iters: int = 5) -> float:
     return flops / med(times[1:])
 
 
-def hf_sweep(hf, workload, pad_id, mini_tokens):
-    sweep = {}
-    for bs in HF_BATCHES:
+def hf_sweep(hf, workload, pad_id, mini_tokens, batches):
+    """(results by batch size, greedy tokens by batch size)."""
+    sweep, tokens = {}, {}
+    for bs in batches:
         r = run_hf(hf, workload, bs, pad_id)
-        same = sum(a == b for a, b in zip(r.pop("tokens"), mini_tokens, strict=True))
+        tokens[bs] = r.pop("tokens")
+        same = sum(a == b for a, b in zip(tokens[bs], mini_tokens, strict=True))
         r["identical_to_mini"] = f"{same}/{len(workload)}"
+        r["cpu_tok_s"] = sum(n for _, n in workload) / r["cpu_s"]
         r["run"] = {k: v for k, v in r.items() if k != "identical_to_mini"}  # for the timed pairs
         sweep[bs] = r
         print(
-            f"  HF batch {bs}: {r['tok_s']:.1f} useful tok/s, {r['wall_s']:.1f}s, "
+            f"  HF batch {bs}: {r['tok_s']:.1f} useful tok/s ({r['cpu_tok_s']:.1f} per CPU s), "
+            f"{r['wall_s']:.1f}s, "
             f"{r['identical_to_mini']} identical (load {r['loadavg_1m']:.1f})",
             file=sys.stderr,
         )
-    return sweep
+    return sweep, tokens
+
+
+@torch.inference_mode()
+def first_differences(ref, hf, workload, mini_tokens, hf_tokens) -> dict:
+    """Where the two sides' greedy tokens part, and how close the call was there.
+
+    For every request whose tokens differ: the first differing position, the
+    two tokens chosen there, and ``ref``'s (transformers in float32) gap in
+    log-probability between them, computed on the prompt and the tokens both
+    sides agree on; whether ``ref``'s own choice there is one of the two; and
+    the run dtype's own error there, the largest |``hf`` - ``ref``| over the
+    vocabulary's logits (``hf``: transformers in the run's dtype). A gap below
+    that error is a tie at the run dtype's precision.
+    """
+    diffs = []
+    for req, ((prompt, _), a, b) in enumerate(zip(workload, mini_tokens, hf_tokens, strict=True)):
+        if a == b:
+            continue
+        i = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+        context = torch.tensor([prompt + a[:i]])
+        logits = ref(context).logits[0, -1].float()  # float32 [V]
+        error = (hf(context).logits[0, -1].float() - logits).abs().max().item()
+        logprobs = logits.log_softmax(-1)  # float32 [V]
+        gap = abs(logprobs[a[i]] - logprobs[b[i]]).item()
+        diffs.append(
+            dict(
+                request=req,
+                position=i,
+                mini_token=a[i],
+                hf_token=b[i],
+                fp32_gap_nats=gap,
+                fp32_choice_is_one_of_them=int(logprobs.argmax()) in (a[i], b[i]),
+                dtype_error_nats=error,
+            )
+        )
+    gaps = [d["fp32_gap_nats"] for d in diffs]
+    return dict(
+        differing=len(diffs),
+        max_fp32_gap_nats=max(gaps, default=None),
+        median_fp32_gap_nats=med(gaps) if gaps else None,
+        gap_below_dtype_error=sum(d["fp32_gap_nats"] < d["dtype_error_nats"] for d in diffs),
+        requests=diffs,
+    )
 
 
 def alternate(llm, timer, hf, workload, hf_batch, pad_id, repeats, first_pair=None):
@@ -135,10 +205,15 @@ def alternate(llm, timer, hf, workload, hf_batch, pad_id, repeats, first_pair=No
                 f"{res['tok_s']:.1f} tok/s in {res['wall_s']:.1f}s (load {res['loadavg_1m']:.1f})",
                 file=sys.stderr,
             )
+    tokens = sum(n for _, n in workload)
+    mini_cpu, hf_cpu = (med(tokens / r["cpu_s"] for r in runs[k]) for k in ("mini", "hf"))
     return dict(
         mini_tok_s=med(r["tok_s"] for r in runs["mini"]),
         hf_tok_s=med(r["tok_s"] for r in runs["hf"]),
         ratio=med(r["tok_s"] for r in runs["mini"]) / med(r["tok_s"] for r in runs["hf"]),
+        mini_cpu_tok_s=mini_cpu,
+        hf_cpu_tok_s=hf_cpu,
+        cpu_ratio=mini_cpu / hf_cpu,
         loadavg_1m=med(r["loadavg_1m"] for r in runs["mini"] + runs["hf"]),
         mini_steps=runs["mini"][0]["steps"],
         mini_step_ms=med(1e3 * r["step_s"] / r["steps"] for r in runs["mini"]),
@@ -155,7 +230,10 @@ def main(argv=None):
         "--other-repeats", type=int, default=1, help="repeats at the thread counts after the first"
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--dtype", choices=sorted(HF_BATCHES), default="float32")
+    parser.add_argument("--note", help="a remark stored in the results file (e.g. the load)")
     args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -172,11 +250,11 @@ def main(argv=None):
         max_num_seqs=n,
         max_num_batched_tokens=2048,
         device="cpu",
-        dtype="float32",
+        dtype=args.dtype,
     )
     engine = llm.llm_engine
     hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
+        str(path.parent), gguf_file=path.name, dtype=dtype
     ).eval()
     pad_id = hf.generation_config.pad_token_id or 0
     cfg = engine.hf_config
@@ -184,7 +262,8 @@ def main(argv=None):
     timer = StepTimer(llm)
     threads0 = torch.get_num_threads()
     result = dict(
-        model="SmolLM2-135M (GGUF Q4_1 -> fp32)",
+        model=f"SmolLM2-135M (GGUF Q4_1 -> {DTYPE_TAG[args.dtype]})",
+        dtype=args.dtype,
         workload=f"{n} req, prompt {prompt_lens[0]}-{prompt_lens[1]}, "
         f"output {output_lens[0]}-{output_lens[1]}, seed 0",
         shape=SHAPE,
@@ -196,6 +275,8 @@ def main(argv=None):
         transformers=transformers.__version__,
         repeats=args.repeats,
     )
+    if args.note:
+        result["note"] = args.note
 
     # Warm-up, then mini_vllm once for its tokens, then the static-batch sweep.
     torch.set_num_threads(args.threads[0])
@@ -203,18 +284,23 @@ def main(argv=None):
     run_hf(hf, [(p, 2) for p, _ in workload[:2]], 2, pad_id)
     first = run_mini(llm, timer, workload)
     print(f"mini_vllm: {first['tok_s']:.1f} tok/s in {first['wall_s']:.1f}s", file=sys.stderr)
-    sweep = hf_sweep(hf, workload, pad_id, first["tokens"])
-    best = max(sweep, key=lambda bs: sweep[bs]["tok_s"])
+    sweep, hf_tokens = hf_sweep(hf, workload, pad_id, first["tokens"], HF_BATCHES[args.dtype])
+    # At 1 thread, the best batch by CPU time: what the run costs, whatever else shares the
+    # machine (on a quiet one, CPU time is wall time); at more, by wall time.
+    best_by = "cpu_tok_s" if args.threads[0] == 1 else "tok_s"
+    best = max(sweep, key=lambda bs: sweep[bs][best_by])
     result.update(
         hf_sweep={bs: {k: v for k, v in r.items() if k != "run"} for bs, r in sweep.items()},
         hf_best_batch=best,
+        hf_best_by=best_by,
         mini_steps=first["steps"],
     )
 
     # The timed comparison at the first thread count: the first pair is the runs above.
-    out = args.out / "continuous_batching_cpu.json"
+    suffix = "" if args.dtype == "float32" else f"_{DTYPE_TAG[args.dtype]}"
+    out = args.out / f"continuous_batching_cpu{suffix}.json"
     args.out.mkdir(parents=True, exist_ok=True)
-    first.pop("tokens")
+    mini_tokens = first.pop("tokens")
     first.pop("decode")
     pair = first, sweep[best]["run"]
     result["by_threads"] = {
@@ -229,7 +315,7 @@ def main(argv=None):
     result["breakdown_loadavg_1m"] = os.getloadavg()[0]
     shapes, layers, rates = linear_shapes(cfg), cfg.num_hidden_layers, {}
     for m in sorted({8, 32, n, 512, 2048}):
-        rate = matmul_rate(m, shapes)
+        rate = matmul_rate(m, shapes, dtype)
         rates[m] = dict(
             gflop_s=rate / 1e9,
             # the decoder layers' linears for m tokens at that rate (logits excluded)
@@ -242,10 +328,29 @@ def main(argv=None):
     best_rate = max(s["gflop_s"] for s in rates.values()) * 1e9
     result["matmul"] = dict(
         threads=args.threads[0],
+        dtype=args.dtype,
         loadavg_1m=os.getloadavg()[0],
         by_rows=rates,
         run_linear_floor_s=flops / best_rate,
     )
+
+    # Where the tokens differ, how close the call was (float32 transformers as the judge).
+    ref = hf
+    if dtype != torch.float32:
+        ref = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).eval()
+    result["first_differences"] = {
+        bs: first_differences(ref, hf, workload, mini_tokens, tokens)
+        for bs, tokens in hf_tokens.items()
+    }
+    # How far each side's greedy tokens are from float32's (transformers', batch ``best``).
+    fp32 = hf_tokens[best] if ref is hf else run_hf(ref, workload, best, pad_id)["tokens"]
+    result["identical_to_fp32"] = {
+        name: f"{sum(a == b for a, b in zip(toks, fp32, strict=True))}/{len(workload)}"
+        for name, toks in (("mini", mini_tokens), (f"hf_batch_{best}", hf_tokens[best]))
+    }
+    del ref
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result), flush=True)
 
@@ -266,21 +371,33 @@ def table(r) -> str:
         f"{r['workload']}; {r['model']}; attention backend {r['attention_backend']}",
         f"Shape: {r['shape']}.",
         "",
-        "| transformers static batch | useful tok/s | identical tokens |",
-        "|---:|---:|---:|",
+        "| transformers static batch | useful tok/s | per CPU s | identical tokens "
+        "| largest fp32 gap at a first difference (gaps below the dtype's error) |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for bs, s in r["hf_sweep"].items():
-        lines.append(f"| {bs} | {s['tok_s']:.1f} | {s['identical_to_mini']} |")
+        d = r.get("first_differences", {}).get(bs, {})
+        gap = "-"
+        if d.get("max_fp32_gap_nats") is not None:
+            below = f"{d.get('gap_below_dtype_error', '?')}/{d['differing']}"
+            gap = f"{d['max_fp32_gap_nats']:.3f} nats ({below})"
+        cpu = f"{s['cpu_tok_s']:.1f}" if "cpu_tok_s" in s else "-"
+        lines.append(f"| {bs} | {s['tok_s']:.1f} | {cpu} | {s['identical_to_mini']} | {gap} |")
     lines += [
         "",
         f"| threads | mini_vllm tok/s | HF (batch {r['hf_best_batch']}) tok/s | mini/HF "
-        "| mini ms/step | load avg |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| per CPU s: mini | HF | mini/HF | mini ms/step | load avg |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for t, s in r["by_threads"].items():
+        cpu = (
+            f"{s['mini_cpu_tok_s']:.1f} | {s['hf_cpu_tok_s']:.1f} | {s['cpu_ratio']:.2f}x"
+            if "cpu_ratio" in s
+            else "- | - | -"
+        )
         lines.append(
             f"| {t} | {s['mini_tok_s']:.1f} | {s['hf_tok_s']:.1f} | {s['ratio']:.2f}x "
-            f"| {s['mini_step_ms']:.0f} | {s['loadavg_1m']:.1f} |"
+            f"| {cpu} | {s['mini_step_ms']:.0f} | {s['loadavg_1m']:.1f} |"
         )
     total = sum(r["breakdown_s"].values())
     lines += [
@@ -290,6 +407,9 @@ def table(r) -> str:
     ]
     for part, s in r["breakdown_s"].items():
         lines.append(f"| {part} | {s:.2f} | {100 * s / total:.0f}% |")
+    if "identical_to_fp32" in r:
+        same = ", ".join(f"{k} {v}" for k, v in r["identical_to_fp32"].items())
+        lines.append(f"\nGreedy tokens identical to float32 transformers': {same}.")
     lines.append(
         f"\nThe run's decoder linears at the best measured matmul rate: "
         f"{r['matmul']['run_linear_floor_s']:.2f} s (logits excluded)."
@@ -297,7 +417,8 @@ def table(r) -> str:
     lines += [
         "",
         f"| matmul rows ({r['matmul']['threads']} thread(s), load avg "
-        f"{r['matmul']['loadavg_1m']:.1f}) | fp32 GFLOP/s | the decoder's linears at that rate |",
+        f"{r['matmul']['loadavg_1m']:.1f}) | {DTYPE_TAG[r.get('dtype', 'float32')]} GFLOP/s "
+        "| the decoder's linears at that rate |",
         "|---:|---:|---:|",
     ]
     for m, s in r["matmul"]["by_rows"].items():

@@ -28,6 +28,8 @@ Runs alternate (mini, HF, HF, mini, ...); medians over ``--repeats`` are
 reported, and mini/HF of useful tok/s. "Outside forward" = 1 - runner
 ``forward_time`` (forward + logits + sampling) / summed ``engine.step`` wall
 time, timed by shadowing ``engine.step`` on the instance (mini_vllm unchanged).
+``cpu_s``: the process's CPU time over the same span (all its threads); with
+one thread and other jobs on the machine, the time the run held a core.
 Writes ``OUT/throughput_{cpu,cuda}.{json,png}``; prints a markdown table.
 """
 
@@ -115,15 +117,17 @@ def run_mini(llm, timer, workload):
     timer.records.clear()
     prompts = [{"prompt_token_ids": p} for p, _ in workload]
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for _, n in workload]
-    load, t0 = os.getloadavg()[0], time.perf_counter()
+    load, t0, cpu0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params, use_tqdm=False)
     sync(timer.runner.device)
     wall, rec = time.perf_counter() - t0, timer.records
+    cpu = time.process_time() - cpu0
     step_s, fwd_s = sum(r[0] for r in rec), sum(r[1] for r in rec)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     return dict(
         wall_s=wall,
         tok_s=sum(map(len, tokens)) / wall,
+        cpu_s=cpu,
         steps=len(rec),
         step_s=step_s,
         forward_s=fwd_s,
@@ -137,7 +141,7 @@ def run_mini(llm, timer, workload):
 @torch.inference_mode()
 def run_hf(model, workload, batch_size, pad_id):
     dev, tokens, raw, passes = model.device, [], 0, 0
-    load, t0 = os.getloadavg()[0], time.perf_counter()
+    load, t0, cpu0 = os.getloadavg()[0], time.perf_counter(), time.process_time()
     for b in range(0, len(workload), batch_size):
         batch = workload[b : b + batch_size]
         width, new = max(len(p) for p, _ in batch), max(n for _, n in batch)
@@ -158,10 +162,11 @@ def run_hf(model, workload, batch_size, pad_id):
         raw, passes = raw + gen.numel(), passes + new
         tokens += [gen[i, :n].tolist() for i, (_, n) in enumerate(batch)]
     sync(dev)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     return dict(
         wall_s=wall,
         tok_s=sum(n for _, n in workload) / wall,
+        cpu_s=cpu,
         raw_tok_s=raw / wall,
         raw_tokens=raw,
         forward_passes=passes,
