@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mini_vllm.config import VllmConfig
-    from mini_vllm.core.sched.output import SchedulerOutput
+    from mini_vllm.core.sched.output import GrammarOutput, SchedulerOutput
     from mini_vllm.engine import EngineCoreOutputs
     from mini_vllm.metrics.stats import SchedulerStats
     from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
@@ -30,6 +30,12 @@ class SchedulerInterface(ABC):
     @abstractmethod
     def schedule(self) -> SchedulerOutput:
         """Decide this step: which requests run, and how many tokens each."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """This step's grammar bitmask for the structured requests that
+        sample, in scheduled order; None when there are none."""
         raise NotImplementedError
 
     @abstractmethod
