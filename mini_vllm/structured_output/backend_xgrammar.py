@@ -14,8 +14,8 @@ Invariants kept:
 - the vocabulary xgrammar sees is the model's (``vocab_size`` columns of the
   bitmask, ``ceil(vocab_size / 32)`` int32 words a row), built from the
   Hugging Face tokenizer as upstream builds it (``TokenizerInfo.from_huggingface``);
-- a matcher can roll back as many tokens as speculation drafts
-  (``max_rollback_tokens``), so rejected drafts can be undone.
+- a matcher can roll back the drafts it walked (xgrammar 0.2.8 rolls back
+  without limit; upstream still sets ``max_rollback_tokens``, which it ignores).
 """
 
 from __future__ import annotations
@@ -58,10 +58,6 @@ class XgrammarBackend(StructuredOutputBackend):
         )
         # Upstream: max_threads=8, a cache capped by VLLM_XGRAMMAR_CACHE_MB.
         self.compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=8, cache_enabled=True)
-        speculative_config = self.vllm_config.speculative_config
-        self.num_speculative_tokens = (
-            speculative_config.num_speculative_tokens if speculative_config is not None else 0
-        )
 
     def compile_grammar(
         self, request_type: StructuredOutputOptions, grammar_spec: str
@@ -78,8 +74,10 @@ class XgrammarBackend(StructuredOutputBackend):
         else:
             # CHOICE was turned into GRAMMAR by validate_xgrammar_grammar.
             raise ValueError(f"grammar is not of valid supported types. ({request_type!s})")
+        # Upstream passes max_rollback_tokens=num_speculative_tokens; xgrammar
+        # 0.2.8 deprecates it (rollback is always unlimited) and warns.
         return XgrammarGrammar(
-            matcher=xgr.GrammarMatcher(ctx, max_rollback_tokens=self.num_speculative_tokens),
+            matcher=xgr.GrammarMatcher(ctx),
             vocab_size=self.vocab_size,
             ctx=ctx,
         )
