@@ -307,26 +307,25 @@ def test_a_terminated_grammar_gets_a_row_of_ones(smollm2):
 def test_apply_grammar_bitmask_reorders_rows_and_equals_xgrammars_kernel():
     gen = torch.Generator().manual_seed(0)
     words = (VOCAB + 31) // 32
-    # Batch order r0 r1 r2 r3; r2 verifies 2 drafts (3 logits rows); r0 and r3
-    # are unconstrained. The scheduler's rows come in the order r2, r1.
+    # Batch order r0 r1 r2 r3; r1 verifies 2 drafts (3 logits rows); r0 and r2
+    # are unconstrained. The scheduler's rows come in the order r3, r1.
     batch = type("Batch", (), {"req_ids": ["r0", "r1", "r2", "r3"]})()
-    spec = {"r2": [5, 6]}
     so = SchedulerOutput.make_empty()
-    so.scheduled_spec_decode_tokens = spec
+    so.scheduled_spec_decode_tokens = {"r1": [5, 6]}
     bitmask = torch.randint(-(2**31), 2**31 - 1, (4, words), generator=gen, dtype=torch.int32)
-    grammar_output = GrammarOutput(["r2", "r1"], bitmask.numpy())
-    logits = torch.randn(6, VOCAB, generator=gen)  # rows: r0, r1, r2 x3, r3
+    grammar_output = GrammarOutput(["r3", "r1"], bitmask.numpy())
+    logits = torch.randn(6, VOCAB, generator=gen)  # rows: r0, r1 x3, r2, r3
     expected = logits.clone()
-    # xgrammar's kernel, rows put in batch order by hand: r2's three rows are
-    # logits rows 2-4 (bitmask rows 0-2), r1's is row 1 (bitmask row 3).
+    # xgrammar's kernel, rows put in batch order by hand: r1's three rows are
+    # logits rows 1-3 (bitmask rows 1-3), r3's is row 5 (bitmask row 0).
     sorted_bitmask = torch.full((6, words), -1, dtype=torch.int32)
-    sorted_bitmask[[1, 2, 3, 4]] = bitmask[[3, 0, 1, 2]]
-    xgr.apply_token_bitmask_inplace(expected, sorted_bitmask, indices=[1, 2, 3, 4])
-    untouched = logits[[0, 5]].clone()
+    sorted_bitmask[[1, 2, 3, 5]] = bitmask[[1, 2, 3, 0]]
+    xgr.apply_token_bitmask_inplace(expected, sorted_bitmask, indices=[1, 2, 3, 5])
+    untouched = logits[[0, 4]].clone()
     apply_grammar_bitmask(so, grammar_output, batch, logits)
     assert torch.equal(logits, expected)
-    assert torch.equal(logits[[0, 5]], untouched)
-    assert torch.isinf(logits[1:5]).any() and not torch.isinf(logits[[0, 5]]).any()
+    assert torch.equal(logits[[0, 4]], untouched)
+    assert torch.isinf(logits[[1, 2, 3, 5]]).any() and not torch.isinf(logits[[0, 4]]).any()
 
 
 # ----------------------------------------------------------- real runs
