@@ -167,10 +167,12 @@ class Request:
 class RequestStatus(enum.IntEnum):
     """Where a request is in its life. Order matters: see ``is_finished``.
 
-    All of upstream's members, in upstream's order. mini_vllm's scheduler only
-    ever sets WAITING, RUNNING, PREEMPTED and the first three FINISHED_*: the
-    others belong to features it leaves out (structured output, KV transfer,
-    streaming input, engine errors, repetition detection).
+    All of upstream's members, in upstream's order. mini_vllm's scheduler
+    sets WAITING, WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR (a request with a
+    constraint, until its grammar compiles), RUNNING, PREEMPTED, the first
+    three FINISHED_* and FINISHED_ERROR (a grammar that failed or refused a
+    token): the others belong to features it leaves out (KV transfer,
+    streaming input, repetition detection).
     """
 
     WAITING = enum.auto()

@@ -2,7 +2,7 @@
 
 Mirrors upstream ``vllm/v1/structured_output/__init__.py`` at v0.22.1
 (``StructuredOutputManager`` :36: ``grammar_init`` :115, ``_create_grammar``
-:174, ``_fill_bitmasks`` :189, ``grammar_bitmask`` :204,
+:173, ``_fill_bitmasks`` :186, ``grammar_bitmask`` :204,
 ``should_fill_bitmask`` :302, ``should_advance`` :322). Left out: the other
 backends (guidance, outlines, lm-format-enforcer: xgrammar only), reasoning
 parsers (so ``should_fill_bitmask`` and ``should_advance`` reduce to "has a
@@ -59,7 +59,7 @@ class StructuredOutputManager:
         self.vocab_size = vocab_size
         self._grammar_bitmask: torch.Tensor | None = None
         self._full_mask = torch.tensor(-1, dtype=torch.int32)
-        # Compiles are CPU-bound: half the cores, as upstream (:75-82).
+        # Compiles are CPU-bound: half the cores, as upstream (__init__.py:77).
         max_workers = max(1, ((os.cpu_count() or 1) + 1) // 2)
         self.executor = ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="mini_vllm_grammar"

@@ -2,7 +2,7 @@
 
 Mirrors upstream ``vllm/v1/structured_output/backend_types.py`` at v0.22.1
 (``StructuredOutputOptions`` :19, ``StructuredOutputGrammar`` :31,
-``StructuredOutputBackend`` :97). mini_vllm has one backend, xgrammar
+``StructuredOutputBackend`` :99). mini_vllm has one backend, xgrammar
 (``backend_xgrammar.py``); the interface is kept so that the scheduler and
 the manager read as upstream's do. Left out: the structural-tag kind (its
 member stays, nothing builds it). See UPSTREAM_PIN.md.

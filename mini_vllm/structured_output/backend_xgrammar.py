@@ -1,8 +1,8 @@
 """The xgrammar backend: compile a constraint against the vocabulary, match tokens, fill bitmasks.
 
 Mirrors upstream ``vllm/v1/structured_output/backend_xgrammar.py`` at v0.22.1
-(``XgrammarBackend`` :35, ``compile_grammar`` :79, ``XgrammarGrammar`` :134,
-``has_xgrammar_unsupported_json_features`` :230, ``validate_xgrammar_grammar``
+(``XgrammarBackend`` :35, ``compile_grammar`` :77, ``XgrammarGrammar`` :132,
+``has_xgrammar_unsupported_json_features`` :221, ``validate_xgrammar_grammar``
 :268). Left out: Mistral tokenizers, structural tags, Lark grammars (upstream
 converts them to EBNF; mini_vllm takes EBNF only), the compile cache's size
 setting and the whitespace switches. See UPSTREAM_PIN.md.
@@ -38,21 +38,22 @@ from mini_vllm.structured_output.utils import choice_as_grammar
 XGRAMMAR_INSTALL = "pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2"
 
 
-def import_xgrammar():
+def _import_xgrammar():
     """The xgrammar module, or an ImportError that says how to install it."""
     try:
         return importlib.import_module("xgrammar")
     except ImportError as e:
         raise ImportError(
             "Structured outputs need xgrammar, which is not installed. Install it into "
-            f"this environment with `{XGRAMMAR_INSTALL}` (plus pydantic), or run `make setup`."
+            f"this environment with `{XGRAMMAR_INSTALL}` (it also imports pydantic), or run "
+            "`make xgrammar`."
         ) from e
 
 
 @dataclass
 class XgrammarBackend(StructuredOutputBackend):
     def __post_init__(self) -> None:
-        xgr = import_xgrammar()
+        xgr = _import_xgrammar()
         tokenizer_info = xgr.TokenizerInfo.from_huggingface(
             self.tokenizer, vocab_size=self.vocab_size
         )
@@ -62,7 +63,7 @@ class XgrammarBackend(StructuredOutputBackend):
     def compile_grammar(
         self, request_type: StructuredOutputOptions, grammar_spec: str
     ) -> StructuredOutputGrammar:
-        xgr = import_xgrammar()
+        xgr = _import_xgrammar()
         if request_type == StructuredOutputOptions.JSON:
             ctx = self.compiler.compile_json_schema(grammar_spec, any_whitespace=True)
         elif request_type == StructuredOutputOptions.JSON_OBJECT:
@@ -84,7 +85,7 @@ class XgrammarBackend(StructuredOutputBackend):
 
     def allocate_token_bitmask(self, max_num_seqs: int) -> torch.Tensor:
         # int32 [max_num_seqs, ceil(vocab_size / 32)], all bits set
-        return import_xgrammar().allocate_token_bitmask(max_num_seqs, self.vocab_size)
+        return _import_xgrammar().allocate_token_bitmask(max_num_seqs, self.vocab_size)
 
     def destroy(self) -> None:
         del self.compiler
@@ -134,7 +135,7 @@ class XgrammarGrammar(StructuredOutputGrammar):
         self.matcher.reset()
 
 
-# The string formats xgrammar's JSON-schema converter knows (upstream's list, :212).
+# The string formats xgrammar's JSON-schema converter knows (upstream's list, backend_xgrammar.py:203).
 STRING_SUPPORTED_FORMATS = {
     "email",
     "date",
@@ -189,7 +190,7 @@ def validate_xgrammar_grammar(sampling_params: SamplingParams) -> None:
     so_params = sampling_params.structured_outputs
     if so_params is None:
         return
-    xgr = import_xgrammar()
+    xgr = _import_xgrammar()
     if so_params.regex:
         try:
             xgr.Grammar.from_regex(so_params.regex)

@@ -1,7 +1,7 @@
 """A request's structured-output state: its constraint and its grammar (or the future of one).
 
 Mirrors upstream ``vllm/v1/structured_output/request.py`` at v0.22.1
-(``StructuredOutputRequest`` :22, ``get_structured_output_key`` :76). Left
+(``StructuredOutputRequest`` :22, ``get_structured_output_key`` :77). Left
 out: the reasoning-parser fields (mini_vllm has no reasoning parsers). See
 UPSTREAM_PIN.md.
 

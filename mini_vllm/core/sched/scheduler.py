@@ -6,8 +6,9 @@ Mirrors upstream ``vllm/v1/core/sched/scheduler.py`` at v0.22.1:
 (:1283), ``update_draft_token_ids`` (:1691), ``add_request`` (:1755),
 ``finish_requests`` (:1779), ``make_spec_decoding_stats`` (:2006); with
 structured outputs, ``get_grammar_bitmask`` (:1259), the blocked waiting
-queue (``skipped_waiting``, :166; ``_select_waiting_queue_for_scheduling``
-:1619) and ``_try_promote_blocked_waiting_request`` (:2103).
+queue (``skipped_waiting``, built at scheduler.py:166-167;
+``_select_waiting_queue_for_scheduling`` :1619) and
+``_try_promote_blocked_waiting_request`` (:2103).
 What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
