@@ -135,7 +135,8 @@ class XgrammarGrammar(StructuredOutputGrammar):
         self.matcher.reset()
 
 
-# The string formats xgrammar's JSON-schema converter knows (upstream's list, backend_xgrammar.py:203).
+# The string formats xgrammar's JSON-schema converter knows
+# (upstream's list, backend_xgrammar.py:203).
 STRING_SUPPORTED_FORMATS = {
     "email",
     "date",
