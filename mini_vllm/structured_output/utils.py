@@ -30,15 +30,22 @@ import torch
 if TYPE_CHECKING:
     from mini_vllm.core.sched.output import GrammarOutput, SchedulerOutput
 
-# Bit j of an int32 word, for j in 0..31.
-_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)  # [32]
+# The 8 bits of every byte value, lowest first: bool [256, 8].
+_BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """bool [rows, vocab_size]: which tokens each row allows."""
+    """bool [rows, vocab_size]: which tokens each row allows.
+
+    Each int32 word is read as its 4 bytes, lowest first (the machine is
+    little-endian: x86 and ARM are), and each byte as its 8 bits, lowest
+    first, by table lookup: token ``32 * w + 8 * b + i`` is bit ``i`` of byte
+    ``b`` of word ``w``.
+    """
     rows = bitmask.shape[0]
-    bits = (bitmask.unsqueeze(-1) >> _BIT_SHIFTS.to(bitmask.device)) & 1  # [rows, words, 32]
-    return bits.view(rows, -1)[:, :vocab_size].bool()  # [rows, vocab_size]
+    as_bytes = bitmask.contiguous().view(torch.uint8).long()  # [rows, words * 4]
+    bits = _BYTE_BITS.to(bitmask.device)[as_bytes]  # bool [rows, words * 4, 8]
+    return bits.view(rows, -1)[:, :vocab_size]  # bool [rows, vocab_size]
 
 
 def apply_grammar_bitmask(
@@ -78,9 +85,10 @@ def apply_grammar_bitmask(
     vocab_size = min(logits.shape[1], grammar_bitmask.shape[1] * 32)
     rows = torch.from_numpy(np.ascontiguousarray(grammar_bitmask[bitmask_rows]))  # [n, words]
     allowed = unpack_bitmask(rows.to(logits.device), vocab_size)  # bool [n, vocab_size]
-    index = torch.tensor(out_indices, device=logits.device)  # [n]
-    masked = logits[index, :vocab_size].masked_fill(~allowed, float("-inf"))  # [n, vocab_size]
-    logits[index, :vocab_size] = masked
+    # bool [num_logits, vocab_size]: True where a grammar forbids the token
+    disallowed = torch.zeros(logits.shape[0], vocab_size, dtype=torch.bool, device=logits.device)
+    disallowed[torch.tensor(out_indices, device=logits.device)] = ~allowed
+    logits[:, :vocab_size].masked_fill_(disallowed, float("-inf"))  # in place, [num_logits, V]
 
 
 def choice_as_grammar(choice: list[str]) -> str:
