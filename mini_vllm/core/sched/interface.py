@@ -20,11 +20,18 @@ if TYPE_CHECKING:
     from mini_vllm.metrics.stats import SchedulerStats
     from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
     from mini_vllm.request import Request, RequestStatus
+    from mini_vllm.structured_output import StructuredOutputManager
 
 
 class SchedulerInterface(ABC):
     @abstractmethod
-    def __init__(self, vllm_config: VllmConfig, log_stats: bool = False) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        log_stats: bool = False,
+        structured_output_manager: StructuredOutputManager | None = None,
+    ) -> None:
+        """The engine passes its StructuredOutputManager (upstream: interface.py:38)."""
         raise NotImplementedError
 
     @abstractmethod
