@@ -395,3 +395,13 @@ def test_a_bad_constraint_fails_generate_before_anything_runs_as_upstream(smollm
     assert not engine.has_unfinished_requests()
     out = smollm2.generate(["a"], good, use_tqdm=False)  # and it serves the next call
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_without_xgrammar_a_structured_request_names_the_install_command(monkeypatch):
+    """Everything else runs without xgrammar (it is imported on first use)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # import xgrammar now fails
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(regex="a+"))
+    with pytest.raises(ImportError, match=r"pip install --no-deps xgrammar==0\.2\.8"):
+        params._validate_structured_outputs()
