@@ -405,3 +405,26 @@ def test_without_xgrammar_a_structured_request_names_the_install_command(monkeyp
     params = SamplingParams(structured_outputs=StructuredOutputsParams(regex="a+"))
     with pytest.raises(ImportError, match=r"pip install --no-deps xgrammar==0\.2\.8"):
         params._validate_structured_outputs()
+
+
+def test_smollm2_json_with_ngram_speculation_equals_without(smollm2):
+    """Drafts (n-gram, from the repeated example) are cut by the grammar and
+    verified against the masked logits, rows offset by the drafts before
+    them: the tokens must equal the run without speculation."""
+    spec = LLM(
+        str(smollm2_gguf_path()),
+        max_model_len=512,
+        kv_cache_memory_bytes=32 << 20,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+    )
+    example = '{"name": "%s", "age": 30, "city": "Rome"}'
+    prompts = [f"Example: {example % n}\nExample: {example % n}\nExample: " for n in ("Ana", "Bo")]
+    params = SamplingParams(
+        max_tokens=24, temperature=0.0, structured_outputs=StructuredOutputsParams(json=SCHEMA)
+    )
+    got = spec.generate(prompts, params, use_tqdm=False)
+    want = smollm2.generate(prompts, params, use_tqdm=False)
+    assert spec.llm_engine.spec_decoding_stats.num_draft_tokens > 0
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        jsonschema.validate(json.loads(g.outputs[0].text), SCHEMA)
