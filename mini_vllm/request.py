@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from mini_vllm.engine import FinishReason
 from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
     from mini_vllm.core.kv_cache_utils import BlockHash
@@ -44,6 +45,13 @@ class Request:
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
         self.status = RequestStatus.WAITING
+        # Set when the request carries a constraint; it then waits for its
+        # grammar to compile before it can be scheduled (vllm/v1/request.py:87, :111).
+        self.structured_output_request = StructuredOutputRequest.from_sampling_params(
+            sampling_params
+        )
+        if self.structured_output_request is not None:
+            self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self.stop_reason: int | str | None = None
         if sampling_params.max_tokens is None:
             # Upstream's engine fills it (max_model_len - prompt length)
@@ -111,6 +119,10 @@ class Request:
     def num_tokens_with_spec(self) -> int:
         return len(self._all_token_ids) + len(self.spec_token_ids)
 
+    @property
+    def use_structured_output(self) -> bool:
+        return self.structured_output_request is not None
+
     # BEGIN LAB 01.1: num_output_tokens: tokens sampled so far
     @property
     def num_output_tokens(self) -> int:
@@ -155,10 +167,12 @@ class Request:
 class RequestStatus(enum.IntEnum):
     """Where a request is in its life. Order matters: see ``is_finished``.
 
-    All of upstream's members, in upstream's order. mini_vllm's scheduler only
-    ever sets WAITING, RUNNING, PREEMPTED and the first three FINISHED_*: the
-    others belong to features it leaves out (structured output, KV transfer,
-    streaming input, engine errors, repetition detection).
+    All of upstream's members, in upstream's order. mini_vllm's scheduler
+    sets WAITING, WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR (a request with a
+    constraint, until its grammar compiles), RUNNING, PREEMPTED, the first
+    three FINISHED_* and FINISHED_ERROR (a grammar that failed or refused a
+    token): the others belong to features it leaves out (KV transfer,
+    streaming input, repetition detection).
     """
 
     WAITING = enum.auto()

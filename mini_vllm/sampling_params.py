@@ -1,8 +1,8 @@
 """Sampling parameters of one request.
 
-Mirrors upstream ``vllm/sampling_params.py`` (class ``SamplingParams``, :168) at
-v0.22.1: the same field names, defaults and validation messages for the
-fields mini_vllm supports.
+Mirrors upstream ``vllm/sampling_params.py`` (class ``SamplingParams``, :168,
+and ``StructuredOutputsParams``, :41) at v0.22.1: the same field names,
+defaults and validation messages for the fields mini_vllm supports.
 What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
@@ -29,6 +29,62 @@ _MAX_TEMP = 1e-2
 # The seed range upstream's OpenAI server accepts: an int64
 # (vllm/entrypoints/openai/completion/protocol.py:60).
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+
+# The constraint kinds of StructuredOutputsParams mini_vllm serves, and the
+# options upstream has that it leaves out (refused by name).
+_CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_LEFT_OUT_OPTIONS = (
+    "structural_tag",
+    "disable_any_whitespace",
+    "disable_additional_properties",
+    "whitespace_pattern",
+)
+
+
+@dataclass
+class StructuredOutputsParams:
+    """One constraint on a request's output (mirrors vllm/sampling_params.py:41).
+
+    Exactly one of ``json`` (a JSON schema, as a dict or a string), ``regex``,
+    ``choice`` (a list of strings), ``grammar`` (EBNF) or ``json_object``
+    (any JSON object) is set. Upstream's other options (``structural_tag``,
+    the whitespace and additional-properties switches) are refused by name:
+    see UPSTREAM_PIN.md.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in _LEFT_OUT_OPTIONS:
+            if getattr(self, name) not in (None, False):
+                raise ValueError(
+                    f"structured_outputs.{name} is not supported by mini_vllm "
+                    "(see UPSTREAM_PIN.md)."
+                )
+        # Upstream's two messages (vllm/sampling_params.py:59-80).
+        count = sum(getattr(self, name) is not None for name in _CONSTRAINT_KINDS)
+        if count > 1:
+            raise ValueError(
+                "You can only use one kind of structured outputs constraint "
+                f"but multiple are specified: {self.__dict__}"
+            )
+        if count < 1:
+            raise ValueError(
+                "You must use one kind of structured outputs constraint "
+                f"but none are specified: {self.__dict__}"
+            )
+
+    def all_constraints_none(self) -> bool:
+        """True when no constraint is set (vllm/sampling_params.py:82)."""
+        return all(getattr(self, name) is None for name in _CONSTRAINT_KINDS)
 
 
 def _check_int(name: str, value, allow_none: bool = False):
@@ -75,6 +131,9 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     # Free-form per-request arguments, read by custom logits processors.
     extra_args: dict[str, Any] | None = None
+    # A constraint on the output (JSON schema, regex, choice, grammar):
+    # mini_vllm/structured_output/.
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled in by the engine from the model's generation config.
     _eos_token_id: int | None = field(default=None, repr=False)
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
@@ -206,6 +265,13 @@ class SamplingParams:
             )
         if self.allowed_token_ids is not None and len(self.allowed_token_ids) == 0:
             raise ValueError("allowed_token_ids is not None and empty!")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            raise ValueError(
+                "structured_outputs must be a StructuredOutputsParams, got "
+                f"{type(self.structured_outputs).__name__}."
+            )
         if self.seed is not None and not _SEED_MIN <= self.seed <= _SEED_MAX:
             raise ValueError(f"seed must be in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed}.")
 
@@ -240,6 +306,25 @@ class SamplingParams:
         if self.allowed_token_ids is not None:
             if any(t < 0 or t >= vocab_size for t in self.allowed_token_ids):
                 raise ValueError("allowed_token_ids contains out-of-vocab token id!")
+
+    def _validate_structured_outputs(self) -> None:
+        """Refuse a constraint xgrammar cannot parse, with a ValueError.
+
+        Upstream's checks (vllm/sampling_params.py:794; the backend is always
+        xgrammar here), run by the input processor on its copy of the
+        parameters: a ``choice`` becomes the equivalent ``grammar``.
+        """
+        so_params = self.structured_outputs
+        if so_params is None:
+            return
+        if isinstance(so_params.choice, list) and not so_params.choice:
+            raise ValueError(f"Choice '{so_params.choice}' cannot be an empty list")
+        if isinstance(so_params.grammar, str) and so_params.grammar.strip() == "":
+            raise ValueError("structured_outputs.grammar cannot be an empty string")
+        from mini_vllm.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+        validate_xgrammar_grammar(self)
+        so_params.__post_init__()
 
     def update_from_tokenizer(self, tokenizer) -> None:
         """Turn ``bad_words`` into token-id lists, as upstream (vllm/sampling_params.py:586).

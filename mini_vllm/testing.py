@@ -24,7 +24,8 @@ from mini_vllm.core.sched.async_scheduler import AsyncScheduler
 from mini_vllm.core.sched.scheduler import Scheduler
 from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
-from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.sampling_params import SamplingParams, StructuredOutputsParams
+from mini_vllm.structured_output import StructuredOutputManager
 
 EOS_TOKEN_ID = 50256  # the id upstream's scheduler tests use
 
@@ -34,6 +35,7 @@ __all__ = [
     "create_scheduler",
     "create_requests",
     "create_kv_cache_manager",
+    "create_structured_output_manager",
     "manager_state",
     "make_model_runner_output",
     "ModelRunnerOutput",
@@ -100,11 +102,15 @@ def create_requests(
     arrival_times: Sequence[float] | None = None,
     min_tokens: int = 0,
     ignore_eos: bool = False,
+    structured_outputs: dict | None = None,
 ) -> list[Request]:
     """Requests whose prompts are ``[i] * num_tokens`` (or ``[0] * ...`` with
     ``same_prompt``) unless ``prompt_token_ids`` gives them; EOS is
     ``EOS_TOKEN_ID`` unless ``ignore_eos``. ``block_size`` must equal the
-    scheduler's: it sets how the requests hash their blocks."""
+    scheduler's: it sets how the requests hash their blocks.
+    ``structured_outputs``: keyword arguments of a StructuredOutputsParams
+    every request gets, validated as the input processor does (the requests
+    then wait for their grammar)."""
     block_hasher = get_request_block_hasher(block_size, sha256)
     requests = []
     for i in range(num_requests):
@@ -113,7 +119,11 @@ def create_requests(
             min_tokens=min_tokens,
             stop_token_ids=stop_token_ids,
             ignore_eos=ignore_eos,
+            structured_outputs=None
+            if structured_outputs is None
+            else StructuredOutputsParams(**structured_outputs),
         )
+        params._validate_structured_outputs()
         params.update_from_generation_config({}, EOS_TOKEN_ID)
         if prompt_token_ids is not None:
             prompt = list(prompt_token_ids[i])
@@ -152,6 +162,20 @@ def make_model_runner_output(
         req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
         sampled_token_ids=sampled,
     )
+
+
+def create_structured_output_manager(
+    tokenizer, max_num_seqs: int = 16, num_speculative_tokens: int | None = None
+) -> StructuredOutputManager:
+    """A StructuredOutputManager over ``tokenizer``'s vocabulary, for a batch
+    of up to ``max_num_seqs`` requests (each with that many drafts)."""
+    vllm_config = VllmConfig(
+        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs),
+        speculative_config=None
+        if num_speculative_tokens is None
+        else SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
+    )
+    return StructuredOutputManager(vllm_config, tokenizer=tokenizer, vocab_size=len(tokenizer))
 
 
 def create_kv_cache_manager(

@@ -101,7 +101,7 @@ def test_ctrl_c_exits_130_with_one_line(capsys, monkeypatch, tiny_text_model):
     """Ctrl-C raises KeyboardInterrupt wherever Python is; here it comes from
     inside a step, the likeliest place during a run."""
 
-    def interrupted(self, scheduler_output):
+    def interrupted(self, scheduler_output, *args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(GPUModelRunner, "execute_model", interrupted)

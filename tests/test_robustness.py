@@ -201,9 +201,9 @@ def before_execute_model(llm: LLM, hook):
     execute_model = runner.execute_model
     calls = itertools.count(1)
 
-    def wrapped(scheduler_output):
+    def wrapped(scheduler_output, *args):
         hook(next(calls))
-        return execute_model(scheduler_output)
+        return execute_model(scheduler_output, *args)
 
     runner.execute_model = wrapped
     try:

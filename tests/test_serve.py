@@ -328,10 +328,10 @@ def test_a_client_that_leaves_before_a_whole_answer_frees_its_blocks(server):
     real_execute = runner.execute_model
     steps = []
 
-    def slow_execute(scheduler_output):
+    def slow_execute(scheduler_output, *args):
         steps.append(1)
         time.sleep(0.05)  # 200 tokens take 10 s: the client leaves long before
-        return real_execute(scheduler_output)
+        return real_execute(scheduler_output, *args)
 
     body = {"model": MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 200, "ignore_eos": True}
     runner.execute_model = slow_execute
@@ -350,11 +350,11 @@ def test_a_failed_step_fails_its_requests_only(client, server, llm):
     real_execute = runner.execute_model
     calls = []
 
-    def fail_once(scheduler_output):
+    def fail_once(scheduler_output, *args):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("injected step failure")
-        return real_execute(scheduler_output)
+        return real_execute(scheduler_output, *args)
 
     runner.execute_model = fail_once
     try:

@@ -36,7 +36,8 @@ class EngineCore(_reference.EngineCore):
         ``num_scheduled_tokens``).
         """
         # HINT: self.scheduler has has_requests(), schedule(), update_from_output();
-        # HINT: self.model_runner.execute_model(scheduler_output) runs the model and samples.
+        # HINT: self.model_runner.execute_model(scheduler_output, grammar_output) runs the
+        # HINT: model and samples; grammar_output is self.scheduler.get_grammar_bitmask(...).
         raise NotImplementedError(
             "Lab 01.2: EngineCore.step: schedule, run the model, update from its output "
             "(labs/phase_01/core.py)"

@@ -92,8 +92,8 @@ class StepTimer:
         self.records, self._info = [], (0, None)
         step, execute = engine.step, runner.execute_model
 
-        def timed_execute(so):
-            out = execute(so)
+        def timed_execute(so, *args):
+            out = execute(so, *args)
             reqs = list(so.num_scheduled_tokens)
             decode = bool(reqs) and so.total_num_scheduled_tokens == len(reqs)
             kv = sum(runner.requests[r].num_computed_tokens for r in reqs) if decode else None

@@ -4,7 +4,14 @@ Mirrors upstream ``vllm/v1/engine/core.py`` (``EngineCore`` :94:
 ``_initialize_kv_caches`` :235, ``add_request`` :337, ``abort_requests``
 :374, ``step`` :428, ``step_with_batch_queue`` :469) at v0.22.1. Left out: the
 busy loop and ZMQ process boundary (``EngineCoreProc``), pipeline parallelism's
-deeper queues, deferred sampling for structured output, utility calls.
+deeper queues, utility calls, and structured outputs under async scheduling
+(upstream defers their bitmask, core.py:509; mini_vllm refuses the pair).
+
+Structured outputs (upstream core.py:132, :441, :809): the engine owns the
+``StructuredOutputManager`` and hands it to the scheduler; ``add_request``
+starts a structured request's grammar compile; ``step`` asks the scheduler
+for the step's grammar bitmask and gives it to the runner with the batch
+(upstream passes it to ``sample_tokens``, the second half of its split step).
 
 With ``async_scheduling`` the scheduler is the ``AsyncScheduler`` and the
 engine keeps up to two steps in flight (``step_with_batch_queue``): the
@@ -43,6 +50,7 @@ from mini_vllm.core.sched.scheduler import Scheduler
 from mini_vllm.engine import EngineCoreOutputs
 from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
+from mini_vllm.structured_output import StructuredOutputManager
 from mini_vllm.worker.gpu_model_runner import GPUModelRunner
 from mini_vllm.worker.gpu_worker import allocate_kv_caches, determine_num_blocks, kv_cache_spec_of
 
@@ -69,7 +77,10 @@ class EngineCore:
         device: torch.device,
         dtype: torch.dtype,
         attention_backend: str,
+        tokenizer=None,
     ) -> None:
+        """``tokenizer``: the model's Hugging Face tokenizer, which structured
+        outputs compile their grammars against (None: they are refused)."""
         self.vllm_config = vllm_config
         cache = vllm_config.cache_config
         self.kv_cache_spec, self.num_layers = kv_cache_spec_of(model, cache.block_size, dtype)
@@ -94,7 +105,12 @@ class EngineCore:
         )
         # Stats on, unlike upstream's default: LLMEngine.get_stats adds up the
         # prefix-cache counts they carry.
-        self.scheduler = scheduler_cls(vllm_config, log_stats=True)
+        self.structured_output_manager = StructuredOutputManager(
+            vllm_config, tokenizer=tokenizer, vocab_size=self.model_runner.vocab_size
+        )
+        self.scheduler = scheduler_cls(
+            vllm_config, log_stats=True, structured_output_manager=self.structured_output_manager
+        )
         # Running totals for reports and tests.
         self.num_steps = 0
         self.num_preemptions = 0
@@ -111,6 +127,13 @@ class EngineCore:
             self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mini_vllm_worker")
 
     def add_request(self, request: Request) -> None:
+        if request.use_structured_output:
+            if self.async_scheduling:
+                raise ValueError(
+                    f"Request {request.request_id!r}: structured outputs are not supported "
+                    "with async_scheduling=True in mini_vllm (see UPSTREAM_PIN.md)."
+                )
+            self.structured_output_manager.grammar_init(request)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -160,14 +183,16 @@ class EngineCore:
         ``num_scheduled_tokens``).
         """
         # HINT: self.scheduler has has_requests(), schedule(), update_from_output();
-        # HINT: self.model_runner.execute_model(scheduler_output) runs the model and samples.
+        # HINT: self.model_runner.execute_model(scheduler_output, grammar_output) runs the
+        # HINT: model and samples; grammar_output is self.scheduler.get_grammar_bitmask(...).
         if not self.scheduler.has_requests():
             return EngineCoreOutputs()
         scheduler_output = self.scheduler.schedule()
         self.num_steps += 1
         self.num_preemptions += len(scheduler_output.preempted_req_ids or ())
         self.num_scheduled_tokens += scheduler_output.total_num_scheduled_tokens
-        model_output = self.model_runner.execute_model(scheduler_output)
+        grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
+        model_output = self.model_runner.execute_model(scheduler_output, grammar_output)
         return self.scheduler.update_from_output(scheduler_output, model_output)
 
     # END LAB 01.2

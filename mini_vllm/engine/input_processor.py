@@ -16,7 +16,10 @@ record the model's EOS token; attach the block hasher for prefix caching;
 refuse stop strings when the model has no tokenizer (upstream refuses them
 without detokenization, vllm/sampling_params.py:540); check that
 ``logit_bias`` and ``allowed_token_ids`` name tokens of the vocabulary and
-turn ``bad_words`` into token ids with the tokenizer (bad words need one).
+turn ``bad_words`` into token ids with the tokenizer (bad words need one);
+check a structured-output constraint parses (``_validate_structured_outputs``:
+a bad JSON schema, regex or grammar raises ValueError here, before the
+request reaches the engine, as upstream's ``_validate_params`` does).
 
 A ``max_tokens`` that reaches past max_model_len is accepted, as upstream:
 the scheduler ends the request at max_model_len (finish reason "length").
@@ -147,6 +150,13 @@ class InputProcessor:
                     f"Request {request_id!r}: bad_words need a tokenizer, and this model has none."
                 )
             params.update_from_tokenizer(self.tokenizer)
+        if params.structured_outputs is not None:
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"Request {request_id!r}: structured outputs need a tokenizer, and this "
+                    "model has none."
+                )
+            params._validate_structured_outputs()
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(token_ids)
         params.update_from_generation_config(self.generation_config, self.eos_token_id)

@@ -86,7 +86,9 @@ class LLMEngine:
             loaded = load_model(model_config.model, device=self.device, dtype=self.dtype)
         self.model, self.hf_config, self.tokenizer = loaded
         model_config.verify_max_model_len(self.hf_config)
-        self.engine_core = EngineCore(vllm_config, self.model, self.device, self.dtype, backend)
+        self.engine_core = EngineCore(
+            vllm_config, self.model, self.device, self.dtype, backend, tokenizer=self.tokenizer
+        )
 
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
         if eos is None:

@@ -97,3 +97,17 @@ def spec_workloads(draw) -> Workload:
         spec.accepted = draw(st.lists(st.integers(0, k + 1), min_size=1, max_size=4))
     workload.name = "generated-spec"
     return workload
+
+
+@st.composite
+def structured_workloads(draw) -> Workload:
+    """A workload from ``workloads()`` (or ``spec_workloads()``) in which some
+    requests carry a structured-output constraint whose grammar compile
+    finishes 0-6 steps after they arrive (so it may finish at once, before
+    the first schedule, or while other requests run)."""
+    workload = draw(spec_workloads() | workloads())
+    for spec in workload.requests:
+        if draw(st.booleans()):
+            spec.grammar_ready_step = spec.arrive_step + draw(st.sampled_from([0, 1, 2, 3, 6]))
+    workload.name = workload.name + "-structured"
+    return workload

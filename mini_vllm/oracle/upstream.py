@@ -37,7 +37,7 @@ from vllm.config import (  # noqa: E402
     SpeculativeConfig,
     VllmConfig,
 )
-from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core import kv_cache_utils  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
@@ -51,6 +51,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar  # noqa: E402
 
 EOS_TOKEN_ID = 50256
 VERSION = vllm.__version__
@@ -65,6 +66,7 @@ __all__ = [
     "create_scheduler",
     "create_requests",
     "create_kv_cache_manager",
+    "create_structured_output_manager",
     "manager_state",
     "VERSION",
     "COMMIT",
@@ -259,7 +261,11 @@ def create_requests(
     arrival_times: Sequence[float] | None = None,
     min_tokens: int = 0,
     ignore_eos: bool = False,
+    structured_outputs: dict | None = None,
 ) -> list[Request]:
+    """``structured_outputs``: keyword arguments of a StructuredOutputsParams
+    every request gets, validated as upstream's input processor does with the
+    xgrammar backend (the request then waits for its grammar)."""
     block_hasher = kv_cache_utils.get_request_block_hasher(block_size, sha256)
     requests = []
     for i in range(num_requests):
@@ -268,7 +274,13 @@ def create_requests(
             min_tokens=min_tokens,
             stop_token_ids=stop_token_ids,
             ignore_eos=ignore_eos,
+            structured_outputs=None
+            if structured_outputs is None
+            else StructuredOutputsParams(**structured_outputs),
         )
+        if structured_outputs is not None:
+            validate_xgrammar_grammar(params)
+            params.structured_outputs._backend = "xgrammar"
         params.update_from_generation_config({}, EOS_TOKEN_ID)
         if prompt_token_ids is not None:
             prompt = list(prompt_token_ids[i])
@@ -286,3 +298,38 @@ def create_requests(
             )
         )
     return requests
+
+
+def create_structured_output_manager(
+    tokenizer, max_num_seqs: int = 16, num_speculative_tokens: int | None = None
+) -> StructuredOutputManager:
+    """Upstream's StructuredOutputManager over ``tokenizer`` (a Hugging Face
+    tokenizer, saved to a folder that upstream loads it back from, with a
+    config.json giving the tokenizer's vocabulary size as the model's)."""
+    folder = tempfile.mkdtemp(prefix="mini_vllm_upstream_tokenizer_")
+    tokenizer.save_pretrained(folder)
+    with open(os.path.join(_model_dir, "config.json")) as f:
+        config = json.load(f)
+    config["vocab_size"] = len(tokenizer)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    max_model_len = 1024
+    speculative_config = None
+    if num_speculative_tokens is not None:
+        speculative_config = SpeculativeConfig(
+            method="ngram", num_speculative_tokens=num_speculative_tokens
+        )
+    vllm_config = VllmConfig(
+        model_config=ModelConfig(
+            model=folder, tokenizer=folder, max_model_len=max_model_len, dtype="float32", seed=0
+        ),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_model_len,
+            max_model_len=max_model_len,
+            is_encoder_decoder=False,
+        ),
+        device_config=DeviceConfig(device="cpu"),
+        speculative_config=speculative_config,
+    )
+    return StructuredOutputManager(vllm_config)

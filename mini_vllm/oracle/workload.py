@@ -10,7 +10,10 @@ tokens, and a trace records every step as JSON-ready data. With
 ``num_speculative_tokens`` in the config the driver also plays the drafter
 and the rejection sampler: after each step it proposes fake drafts (lengths
 from ``RequestSpec.draft_lens``), and the fake model accepts a number of the
-scheduled drafts given by ``RequestSpec.accepted``. ``Progress``
+scheduled drafts given by ``RequestSpec.accepted``. A request with
+``RequestSpec.grammar_ready_step`` carries a structured-output constraint;
+the driver holds its grammar's future and completes it at that step (with
+``AcceptingGrammar``), so when it may run is decided, not raced. ``Progress``
 fails a run in which no request advances for ``NO_PROGRESS_STEPS`` steps in
 a row (it could never end), with the scheduler's state.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 
 # Tokens the fake model emits are >= FIRST_FAKE_TOKEN, so they never collide
@@ -52,10 +56,39 @@ class RequestSpec:
     # scheduled drafts are accepted (0 if the list is empty).
     draft_lens: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    # Structured outputs only: the request carries a constraint and its
+    # grammar "finishes compiling" at this step (before schedule()); it waits
+    # in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR until then.
+    grammar_ready_step: int | None = None
 
 
-# Left out of a saved workload when empty, so pre-speculation snapshots keep their bytes.
+# Left out of a saved workload when empty, so earlier snapshots keep their bytes.
 _SPEC_FIELDS = ("draft_lens", "accepted")
+_OPTIONAL_FIELDS = ("grammar_ready_step",)
+
+# The constraint a structured request of a workload carries (the driver
+# stands in for its compiled grammar: AcceptingGrammar).
+WORKLOAD_CONSTRAINT = {"regex": "[0-9]+"}
+
+
+class AcceptingGrammar:
+    """A compiled grammar's stand-in for the scheduler locksteps: accepts
+    every token and every draft, never terminates (the fake model's tokens
+    follow no grammar). The scheduler only feeds it; the bitmask is compared
+    on its own, in tests/upstream/test_structured_output_lockstep.py."""
+
+    def __init__(self) -> None:
+        self.accepted: list[int] = []
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        self.accepted.extend(tokens)
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        return list(tokens)
+
+    def is_terminated(self) -> bool:
+        return False
 
 
 @dataclass
@@ -71,6 +104,9 @@ class Workload:
         for r in d["requests"]:
             for key in _SPEC_FIELDS:
                 if not r[key]:
+                    del r[key]
+            for key in _OPTIONAL_FIELDS:
+                if r[key] is None:
                     del r[key]
         return d
 
@@ -186,6 +222,7 @@ def make_request(backend, spec: RequestSpec, arrival_time: float, block_size: in
         arrival_times=[arrival_time],
         min_tokens=spec.min_tokens,
         ignore_eos=spec.ignore_eos,
+        structured_outputs=None if spec.grammar_ready_step is None else WORKLOAD_CONSTRAINT,
     )
     return request
 
@@ -202,13 +239,24 @@ class Arrivals:
         # (position, spec) by arrive_step; the stable sort keeps list order on ties.
         self.pending = deque(sorted(enumerate(workload.requests), key=lambda p: p[1].arrive_step))
         self.objects: dict = {}
+        # Structured requests: req_id -> (ready step, the grammar's future),
+        # as EngineCore.add_request's grammar_init leaves it.
+        self.compiling: dict = {}
 
     def admit(self, step: int) -> None:
         while self.pending and self.pending[0][1].arrive_step <= step:
             position, spec = self.pending.popleft()
             request = make_request(self.backend, spec, float(position), self.block_size)
+            if spec.grammar_ready_step is not None:
+                future: Future = Future()
+                request.structured_output_request.grammar = future
+                self.compiling[spec.req_id] = (spec.grammar_ready_step, future)
             self.sched.add_request(request)
             self.objects[spec.req_id] = request
+        for req_id, (ready_step, future) in list(self.compiling.items()):
+            if ready_step <= step:
+                future.set_result(AcceptingGrammar())
+                del self.compiling[req_id]
         aborts = sorted(s.req_id for s in self.workload.requests if s.abort_step == step)
         if aborts:
             self.sched.finish_requests(aborts, self.backend.RequestStatus.FINISHED_ABORTED)
@@ -224,6 +272,7 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
     num_spec_tokens = workload.config.get("num_speculative_tokens")
     eos = backend.EOS_TOKEN_ID
     specs = {s.req_id: s for s in workload.requests}
+    structured = any(s.grammar_ready_step is not None for s in workload.requests)
     arrivals = Arrivals(backend, sched, workload)
     objects = arrivals.objects
     steps = []
@@ -238,6 +287,11 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
 
         out = sched.schedule()
         record = describe_scheduler_output(out)
+        if structured:
+            record["structured"] = [
+                bool(out.has_structured_output_requests),
+                [r.request_id for r in sched.skipped_waiting],
+            ]
         runner_output = _fake_runner_output(backend, sched, out, specs, eos)
         result = sched.update_from_output(out, runner_output)
         record["outputs"] = _outputs(result)
@@ -355,6 +409,8 @@ FIELD_WORDS = {
     "outputs": "update_from_output results (id, new tokens, finish reason, stop reason)",
     "free_blocks": "free KV blocks after the step",
     "spec_stats": "spec-decode stats (drafts, draft tokens, accepted, accepted per position)",
+    "structured": "structured outputs (a structured request samples this step; the requests "
+    "skipped while their grammar compiles, in queue order)",
 }
 
 

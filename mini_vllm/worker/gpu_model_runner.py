@@ -56,7 +56,7 @@ import torch
 from mini_vllm.attention.backend import AttentionMetadata
 from mini_vllm.attention.backends.utils import reorder_batch_to_split_decodes_and_prefills
 from mini_vllm.config import VllmConfig
-from mini_vllm.core.sched.output import SchedulerOutput
+from mini_vllm.core.sched.output import GrammarOutput, SchedulerOutput
 from mini_vllm.forward_context import set_forward_context
 from mini_vllm.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
 from mini_vllm.sample.logits_processor import (
@@ -68,6 +68,7 @@ from mini_vllm.sample.rejection_sampler import RejectionSampler
 from mini_vllm.sample.sampler import Sampler, SamplerOutput
 from mini_vllm.spec_decode.metadata import SpecDecodeMetadata
 from mini_vllm.spec_decode.ngram_proposer import NgramProposer
+from mini_vllm.structured_output.utils import apply_grammar_bitmask
 from mini_vllm.utils import CpuGpuBuffer
 from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
 
@@ -506,7 +507,12 @@ class GPUModelRunner:
     # --------------------------------------------------------------- execute
 
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput | None = None
+    ) -> ModelRunnerOutput:
+        """Run the step's batch and sample it. ``grammar_output``: the
+        structured requests' bitmask, applied to the logits before sampling
+        (upstream applies it in ``sample_tokens``, gpu_model_runner.py:4358)."""
         self._update_states(scheduler_output)
         if not scheduler_output.total_num_scheduled_tokens:
             return EMPTY_MODEL_RUNNER_OUTPUT
@@ -521,6 +527,8 @@ class GPUModelRunner:
             hidden_states = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden]
         # [num_logits, V]: one row a request, 1 + drafts rows when verifying drafts
         logits = self.model.compute_logits(hidden_states[inputs.logits_indices])
+        if grammar_output is not None:
+            apply_grammar_bitmask(scheduler_output, grammar_output, self.input_batch, logits)
         sampler_output = self._sample(
             logits, inputs.discard_request_mask, inputs.spec_decode_metadata
         )

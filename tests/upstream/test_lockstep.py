@@ -22,6 +22,12 @@ and the spec-decode stats must match too.
 MINI_VLLM_LOCKSTEP_EXAMPLES sets the number of generated cases (default 2000),
 MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES the async ones (default 500),
 MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES the speculative ones (default 500).
+
+Structured outputs: some requests of a workload (with or without speculation)
+carry a constraint and wait for their grammar, whose compile the driver
+completes at a chosen step; the wait, the admission after it, the flag that
+a structured request samples, and the skipped queue must match step for step
+(MINI_VLLM_STRUCTURED_LOCKSTEP_EXAMPLES, default 120).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from hypothesis import HealthCheck, given, settings
 
 import mini_vllm.testing as mini
 from mini_vllm.oracle.async_workload import ASYNC_FIELD_WORDS, run_workload_async
-from mini_vllm.oracle.strategies import spec_workloads, workloads
+from mini_vllm.oracle.strategies import spec_workloads, structured_workloads, workloads
 from mini_vllm.oracle.workload import RequestSpec, Workload, first_difference, run_workload
 
 pytestmark = pytest.mark.upstream
@@ -41,6 +47,7 @@ pytestmark = pytest.mark.upstream
 EXAMPLES = int(os.environ.get("MINI_VLLM_LOCKSTEP_EXAMPLES", "2000"))
 ASYNC_EXAMPLES = int(os.environ.get("MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES", "500"))
 SPEC_EXAMPLES = int(os.environ.get("MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES", "500"))
+STRUCTURED_EXAMPLES = int(os.environ.get("MINI_VLLM_STRUCTURED_LOCKSTEP_EXAMPLES", "120"))
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +174,50 @@ def test_spec_workloads_exercise_drafts(counts):
         "spec lockstep accepted drafts",
         "spec lockstep rejected drafts",
         "spec lockstep examples with preemption and drafts",
+    ):
+        assert counts[key] > 0, counts
+
+
+@settings(
+    max_examples=STRUCTURED_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(workload=structured_workloads())
+def test_structured_lockstep_with_upstream(upstream, counts, workload):
+    expected = run_workload(upstream, workload)
+    got = run_workload(mini, workload)
+    # A workload may draw no structured request: its steps carry no record.
+    steps = [s for s in expected["steps"] if "structured" in s]
+    counts["structured lockstep examples"] = counts.get("structured lockstep examples", 0) + 1
+    for key, value in (
+        (
+            "structured lockstep steps with a request skipped",
+            sum(bool(s["structured"][1]) for s in steps),
+        ),
+        (
+            "structured lockstep steps skipping one while others run",
+            sum(bool(s["structured"][1] and s["scheduled"]) for s in steps),
+        ),
+        (
+            "structured lockstep steps sampling a structured request",
+            sum(s["structured"][0] for s in steps),
+        ),
+    ):
+        counts[key] = counts.get(key, 0) + value
+    diff = first_difference(expected, got)
+    assert diff is None, f"{diff}\nconfig: {workload.config}"
+
+
+def test_structured_workloads_exercise_the_wait(counts):
+    """The structured workloads must skip a compiling request while others
+    run, and sample structured requests. Runs after the test above."""
+    if counts.get("structured lockstep examples", 0) < 50:
+        pytest.skip("too few structured lockstep examples ran to judge coverage")
+    for key in (
+        "structured lockstep steps skipping one while others run",
+        "structured lockstep steps sampling a structured request",
     ):
         assert counts[key] > 0, counts
 

@@ -93,6 +93,11 @@ CORE_MODULES = (
     "core/sched/async_scheduler.py",
     "spec_decode/metrics.py",
     "utils/hashing.py",
+    "structured_output/__init__.py",
+    "structured_output/backend_types.py",
+    "structured_output/backend_xgrammar.py",
+    "structured_output/request.py",
+    "structured_output/utils.py",
 )
 
 # The map's row format (ROW_RE, Row) and the ast walk are shared with the

@@ -160,8 +160,8 @@ class AgingScheduler(Scheduler):
 
     max_wait_steps: int = 32
 
-    def __init__(self, vllm_config: VllmConfig, log_stats: bool = False) -> None:
-        super().__init__(vllm_config, log_stats)
+    def __init__(self, vllm_config: VllmConfig, log_stats: bool = False, **kwargs) -> None:
+        super().__init__(vllm_config, log_stats, **kwargs)
         if self.policy == SchedulingPolicy.PRIORITY:
             self.waiting = self.make_aging_queue()
 

@@ -15,21 +15,34 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mini_vllm.config import VllmConfig
-    from mini_vllm.core.sched.output import SchedulerOutput
+    from mini_vllm.core.sched.output import GrammarOutput, SchedulerOutput
     from mini_vllm.engine import EngineCoreOutputs
     from mini_vllm.metrics.stats import SchedulerStats
     from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
     from mini_vllm.request import Request, RequestStatus
+    from mini_vllm.structured_output import StructuredOutputManager
 
 
 class SchedulerInterface(ABC):
     @abstractmethod
-    def __init__(self, vllm_config: VllmConfig, log_stats: bool = False) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        log_stats: bool = False,
+        structured_output_manager: StructuredOutputManager | None = None,
+    ) -> None:
+        """The engine passes its StructuredOutputManager (upstream: interface.py:38)."""
         raise NotImplementedError
 
     @abstractmethod
     def schedule(self) -> SchedulerOutput:
         """Decide this step: which requests run, and how many tokens each."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """This step's grammar bitmask for the structured requests that
+        sample, in scheduled order; None when there are none."""
         raise NotImplementedError
 
     @abstractmethod

@@ -2,8 +2,9 @@
 
 Mirrors upstream ``vllm/v1/core/sched/output.py`` at v0.22.1
 (``NewRequestData`` :31, ``CachedRequestData`` :112, ``SchedulerOutput``
-:181). Left out: multimodal, LoRA, pooling, connector and grammar fields
-(``num_invalid_spec_tokens`` with them: only a grammar invalidates drafts).
+:181, ``GrammarOutput`` :259). Left out: multimodal, LoRA, pooling and
+connector fields, and the grammar fields of async scheduling
+(``pending_structured_output_tokens``, ``num_invalid_spec_tokens``).
 
 The split is the point: a request scheduled for the first time travels in
 full (``NewRequestData``: prompt, sampling params, all its block ids); after
@@ -16,6 +17,8 @@ whole token list is resent in ``all_token_ids``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from mini_vllm.request import Request
 from mini_vllm.sampling_params import SamplingParams
@@ -80,7 +83,21 @@ class SchedulerOutput:
     # decoding request. (Upstream's field sits after total_num_scheduled_tokens;
     # here it has a default, at the end, so pre-speculation callers still work.)
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Whether a scheduled request with a grammar samples a token this step
+    # (set by _update_after_schedule; get_grammar_bitmask reads it).
+    has_structured_output_requests: bool = False
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:
         return cls([], CachedRequestData.make_empty(), {}, 0, [], set())
+
+
+@dataclass
+class GrammarOutput:
+    """The step's grammar bitmask, for the runner to apply before sampling."""
+
+    # The structured requests that sample this step, in scheduled order.
+    structured_output_request_ids: list[str]
+    # int32 numpy [sum of (1 + drafts) over those requests, ceil(vocab / 32)],
+    # rows in the order of structured_output_request_ids.
+    grammar_bitmask: np.ndarray

@@ -43,6 +43,12 @@ class FCFSRequestQueue(deque):
     def prepend_request(self, request: Request) -> None:
         self.appendleft(request)
 
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        """Each of ``requests`` to the front in turn: the last ends up first
+        (``extendleft``, as upstream; the scheduler's ``step_skipped_waiting``
+        is filled by prepending, so its order comes out restored)."""
+        self.extendleft(requests)
+
     def remove_request(self, request: Request) -> None:
         self.remove(request)
 
@@ -75,6 +81,10 @@ class PriorityRequestQueue:
 
     def prepend_request(self, request: Request) -> None:
         self.add_request(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            self.add_request(request)
 
     def remove_request(self, request: Request) -> None:
         self._heap.remove(request)

@@ -4,7 +4,11 @@ Mirrors upstream ``vllm/v1/core/sched/scheduler.py`` at v0.22.1:
 ``schedule`` (:329), ``_preempt_request`` (:929), ``_update_after_schedule``
 (:951), ``_make_cached_request_data`` (:1036), ``update_from_output``
 (:1283), ``update_draft_token_ids`` (:1691), ``add_request`` (:1755),
-``finish_requests`` (:1779), ``make_spec_decoding_stats`` (:2006).
+``finish_requests`` (:1779), ``make_spec_decoding_stats`` (:2006); with
+structured outputs, ``get_grammar_bitmask`` (:1259), the blocked waiting
+queue (``skipped_waiting``, built at scheduler.py:166-167;
+``_select_waiting_queue_for_scheduling`` :1619) and
+``_try_promote_blocked_waiting_request`` (:2103).
 What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
@@ -16,29 +20,57 @@ Invariants kept:
 - a step that preempted admits no waiting request;
 - with speculation, a running request's drafts are scheduled as extra
   tokens (``num_tokens_with_spec``), charged to the same budget, and the
-  rejected ones are taken back off ``num_computed_tokens`` once verified.
+  rejected ones are taken back off ``num_computed_tokens`` once verified;
+- a request waiting for its grammar to compile sits in ``skipped_waiting``
+  and is passed over, without holding up the requests behind it, until
+  the compile is done; then it is admitted like any other.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from mini_vllm.config import VllmConfig
 from mini_vllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from mini_vllm.core.sched.interface import SchedulerInterface
-from mini_vllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from mini_vllm.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from mini_vllm.core.sched.output import (
+    CachedRequestData,
+    GrammarOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from mini_vllm.core.sched.request_queue import (
+    FCFSRequestQueue,
+    PriorityRequestQueue,
+    SchedulingPolicy,
+    create_request_queue,
+)
 from mini_vllm.core.sched.utils import check_stop, remove_all
-from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs
+from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from mini_vllm.metrics.stats import SchedulerStats
 from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.spec_decode.metrics import SpecDecodingStats
+from mini_vllm.structured_output import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
 
 
 class Scheduler(SchedulerInterface):
-    def __init__(self, vllm_config: VllmConfig, log_stats: bool = False) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        log_stats: bool = False,
+        structured_output_manager: StructuredOutputManager | None = None,
+    ) -> None:
+        """``structured_output_manager``: the engine's (upstream passes it in,
+        scheduler.py:69); without one, a manager with no tokenizer, which
+        refuses structured requests."""
         self.vllm_config = vllm_config
+        self.structured_output_manager = structured_output_manager or StructuredOutputManager(
+            vllm_config
+        )
         self.scheduler_config = vllm_config.scheduler_config
         self.cache_config = vllm_config.cache_config
         self.log_stats = log_stats
@@ -68,10 +100,15 @@ class Scheduler(SchedulerInterface):
         self.requests: dict[str, Request] = {}
         self.policy = SchedulingPolicy(self.scheduler_config.policy)
         self.waiting = create_request_queue(self.policy)
+        # Waiting requests that cannot run yet (their grammar is compiling),
+        # kept apart so they do not block the queue (scheduler.py:166).
+        self.skipped_waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
         # Finished since the last schedule(); told to the workers, then cleared.
         self.finished_req_ids: set[str] = set()
         self.prev_step_scheduled_req_ids: set[str] = set()
+        # Ids of requests whose grammar failed to compile, to report as errors.
+        self.failed_grammar_reqs: list[str] = []
 
         self.kv_cache_manager = KVCacheManager(
             num_blocks=num_gpu_blocks,
@@ -225,7 +262,8 @@ class Scheduler(SchedulerInterface):
         # stay open. (Upstream checks the same three, in two `if`s and a
         # `while` condition around this loop: scheduler.py:545-549.)
         # (the loop mirrors vllm/v1/core/sched/scheduler.py:548-806)
-        while self.waiting:
+        step_skipped_waiting = create_request_queue(self.policy)
+        while self.waiting or self.skipped_waiting:
             # BEGIN LAB 03.1: the three admission gates
             # HINT: receives preempted_reqs, token_budget and self.running; only breaks.
             # HINT: no admissions in a step that preempted (memory pressure: admitting
@@ -237,7 +275,16 @@ class Scheduler(SchedulerInterface):
             if len(self.running) == self.max_num_running_reqs:
                 break
             # END LAB 03.1
-            request = self.waiting.peek_request()
+            request_queue = self._select_waiting_queue_for_scheduling()
+            request = request_queue.peek_request()
+            if self._is_blocked_waiting_status(
+                request.status
+            ) and not self._try_promote_blocked_waiting_request(request):
+                # Still compiling (or just failed): pass over it this step.
+                request_queue.pop_request()
+                if not request.is_finished():
+                    step_skipped_waiting.prepend_request(request)
+                continue
 
             # BEGIN LAB 03.6: prefix caching: start from the longest cached prefix
             # HINT: receives request; leaves new_computed_blocks, num_new_local_computed_tokens
@@ -277,7 +324,7 @@ class Scheduler(SchedulerInterface):
             if new_blocks is None:
                 break  # no memory: stop admitting (strict queue order)
 
-            request = self.waiting.pop_request()
+            request = request_queue.pop_request()
             self.running.append(request)
             # BEGIN LAB 03.4: a first-time request or a resumed one?
             # HINT: receives request (just moved to running); leaves nothing but the two lists.
@@ -301,6 +348,10 @@ class Scheduler(SchedulerInterface):
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed_tokens
             # END LAB 03.1
+
+        # Skipped this step: back ahead of the older skipped ones (scheduler.py:822).
+        if step_skipped_waiting:
+            self.skipped_waiting.prepend_requests(step_skipped_waiting)
 
         # mirrors vllm/v1/core/sched/scheduler.py:826-921
         total_num_scheduled_tokens = sum(num_scheduled_tokens.values())
@@ -334,7 +385,84 @@ class Scheduler(SchedulerInterface):
             scheduled_spec_decode_tokens=scheduled_spec_decode_tokens,
         )
         self._update_after_schedule(scheduler_output)
+        # Upstream sets this inside _update_after_schedule (scheduler.py:968).
+        scheduler_output.has_structured_output_requests = any(
+            self.requests[req_id].use_structured_output
+            and not self.requests[req_id].is_prefill_chunk
+            for req_id in num_scheduled_tokens
+        )
         return scheduler_output
+
+    # ------------------------------------------------- the blocked waiting queue
+
+    @staticmethod
+    def _is_blocked_waiting_status(status: RequestStatus) -> bool:
+        """Waiting, but not runnable yet (scheduler.py:1606; mini_vllm has only
+        the grammar wait of upstream's three)."""
+        return status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+
+    def _enqueue_waiting_request(self, request: Request) -> None:
+        if self._is_blocked_waiting_status(request.status):
+            self.skipped_waiting.add_request(request)
+        else:
+            self.waiting.add_request(request)
+
+    def _select_waiting_queue_for_scheduling(
+        self,
+    ) -> FCFSRequestQueue | PriorityRequestQueue | None:
+        """FCFS: the skipped queue first (its requests are older); PRIORITY:
+        whichever head comes first (scheduler.py:1619)."""
+        if self.policy == SchedulingPolicy.FCFS:
+            return self.skipped_waiting or self.waiting or None
+        if self.waiting and self.skipped_waiting:
+            waiting_req = self.waiting.peek_request()
+            skipped_req = self.skipped_waiting.peek_request()
+            return self.waiting if waiting_req < skipped_req else self.skipped_waiting
+        return self.waiting or self.skipped_waiting or None
+
+    def _try_promote_blocked_waiting_request(self, request: Request) -> bool:
+        """WAITING once its grammar has compiled (True); False while it compiles.
+
+        A compile that raised finishes the request with FINISHED_ERROR (False):
+        mini_vllm's addition, where upstream's engine would die on the
+        exception (its TODO at vllm/v1/structured_output/__init__.py:181).
+        update_from_output reports it.
+        """
+        assert request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        try:
+            grammar = request.structured_output_request.grammar
+        except Exception as e:
+            logger.error("Request %s: its grammar failed to compile: %s", request.request_id, e)
+            request.status = RequestStatus.FINISHED_ERROR
+            self._free_request(request)
+            self.failed_grammar_reqs.append(request.request_id)
+            return False
+        if grammar is None:
+            return False
+        request.status = RequestStatus.WAITING
+        return True
+
+    # mirrors vllm/v1/core/sched/scheduler.py:1259-1281
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """The bitmask of the structured requests that sample this step, rows
+        in scheduled order (None when there are none)."""
+        if not scheduler_output.has_structured_output_requests:
+            return None
+        structured_output_request_ids = [
+            req_id
+            for req_id in scheduler_output.num_scheduled_tokens
+            if (req := self.requests.get(req_id))
+            and req.use_structured_output
+            and not req.is_prefill_chunk
+        ]
+        if not structured_output_request_ids:
+            return None
+        bitmask = self.structured_output_manager.grammar_bitmask(
+            self.requests,
+            structured_output_request_ids,
+            scheduler_output.scheduled_spec_decode_tokens,
+        )
+        return GrammarOutput(structured_output_request_ids, bitmask)
 
     # BEGIN LAB 03.4: running and resumed requests as deltas (CachedRequestData)
     # mirrors vllm/v1/core/sched/scheduler.py:1036-1094
@@ -464,6 +592,19 @@ class Scheduler(SchedulerInterface):
             stopped = False
             if new_token_ids:
                 new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
+            # The kept tokens advance the grammar; one it refuses ends the
+            # request with an error (mirrors vllm/v1/core/sched/scheduler.py:1416-1431).
+            if new_token_ids and self.structured_output_manager.should_advance(request):
+                grammar = request.structured_output_request.grammar
+                if not grammar.accept_tokens(req_id, new_token_ids):
+                    logger.error(
+                        "Unexpected: grammar rejected tokens %s for request %s. "
+                        "Terminating request.",
+                        new_token_ids,
+                        req_id,
+                    )
+                    request.status = RequestStatus.FINISHED_ERROR
+                    stopped = True
             # BEGIN LAB 03.5: a stopped request is finished and freed at once
             # HINT: receives request, stopped, stopped_running_reqs; leaves finish_reason
             # HINT: (None unless it stopped). Read its finish reason, free it, and remember
@@ -488,6 +629,11 @@ class Scheduler(SchedulerInterface):
                         new_logprobs=new_logprobs,
                     )
                 )
+
+        # Requests whose grammar failed to compile, finished in schedule().
+        for req_id in self.failed_grammar_reqs:
+            outputs.append(EngineCoreOutput(req_id, [], finish_reason=FinishReason.ERROR))
+        self.failed_grammar_reqs = []
 
         # BEGIN LAB 03.5: drop the stopped requests from running
         # HINT: receives stopped_running_reqs; leaves self.running without them.
@@ -535,7 +681,14 @@ class Scheduler(SchedulerInterface):
             request = self.requests.get(req_id)
             if request is None or request.is_finished():
                 continue
-            request.spec_token_ids = [] if request.is_prefill_chunk else spec_token_ids
+            if request.is_prefill_chunk:
+                request.spec_token_ids = []
+                continue
+            # Drafts the grammar refuses are cut off at the first such one.
+            if self.structured_output_manager.should_advance(request):
+                grammar = request.structured_output_request.grammar
+                spec_token_ids = grammar.validate_tokens(spec_token_ids)
+            request.spec_token_ids = spec_token_ids
 
     # END LAB 08.1
 
@@ -565,9 +718,12 @@ class Scheduler(SchedulerInterface):
                 f"+ min_tokens {request.sampling_params.min_tokens} exceeds "
                 f"max_model_len={self.max_model_len}, so min_tokens could never be met."
             )
-        if request.status != RequestStatus.WAITING:
+        if request.status not in (
+            RequestStatus.WAITING,
+            RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+        ):
             raise ValueError(f"Request {request.request_id!r} is {request.status}, not WAITING.")
-        self.waiting.add_request(request)
+        self._enqueue_waiting_request(request)
         self.requests[request.request_id] = request
 
     # mirrors vllm/v1/core/sched/scheduler.py:1779-1840
@@ -602,6 +758,7 @@ class Scheduler(SchedulerInterface):
             self.running = remove_all(self.running, running_to_remove)
         if waiting_to_remove:
             self.waiting.remove_requests(waiting_to_remove)
+            self.skipped_waiting.remove_requests(waiting_to_remove)
         for request in valid_requests:
             request.status = finished_status
             self._free_request(request)
@@ -615,7 +772,7 @@ class Scheduler(SchedulerInterface):
         del self.requests[request.request_id]
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.skipped_waiting) + len(self.running)
 
     def has_finished_requests(self) -> bool:
         return len(self.finished_req_ids) > 0
@@ -627,7 +784,7 @@ class Scheduler(SchedulerInterface):
             return None
         return SchedulerStats(
             num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting),
+            num_waiting_reqs=len(self.waiting) + len(self.skipped_waiting),
             kv_cache_usage=self.kv_cache_manager.usage,
             prefix_cache_stats=self.kv_cache_manager.make_prefix_cache_stats(),
             spec_decoding_stats=spec_decoding_stats,

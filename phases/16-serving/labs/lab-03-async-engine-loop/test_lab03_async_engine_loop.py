@@ -89,10 +89,10 @@ def slow_steps(engine, monkeypatch, seconds: float = 0.03) -> list:
     real_execute = runner.execute_model
     steps = []
 
-    def slow_execute(scheduler_output):
+    def slow_execute(scheduler_output, *args):
         steps.append(1)
         time.sleep(seconds)
-        return real_execute(scheduler_output)
+        return real_execute(scheduler_output, *args)
 
     monkeypatch.setattr(runner, "execute_model", slow_execute)
     return steps
