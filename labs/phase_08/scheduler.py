@@ -23,9 +23,10 @@ from __future__ import annotations
 from mini_vllm.core.kv_cache_manager import KVCacheBlocks
 from mini_vllm.core.sched import scheduler as _reference
 from mini_vllm.core.sched.output import NewRequestData, SchedulerOutput
-from mini_vllm.core.sched.request_queue import SchedulingPolicy
+from mini_vllm.core.sched.request_queue import SchedulingPolicy, create_request_queue
+from mini_vllm.core.sched.scheduler import logger  # noqa: F401
 from mini_vllm.core.sched.utils import remove_all
-from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs
+from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.spec_decode.metrics import SpecDecodingStats
@@ -134,14 +135,24 @@ class Scheduler(_reference.Scheduler):
         # stay open. (Upstream checks the same three, in two `if`s and a
         # `while` condition around this loop: scheduler.py:545-549.)
         # (the loop mirrors vllm/v1/core/sched/scheduler.py:548-806)
-        while self.waiting:
+        step_skipped_waiting = create_request_queue(self.policy)
+        while self.waiting or self.skipped_waiting:
             if preempted_reqs:
                 break
             if token_budget <= 0:
                 break
             if len(self.running) == self.max_num_running_reqs:
                 break
-            request = self.waiting.peek_request()
+            request_queue = self._select_waiting_queue_for_scheduling()
+            request = request_queue.peek_request()
+            if self._is_blocked_waiting_status(
+                request.status
+            ) and not self._try_promote_blocked_waiting_request(request):
+                # Still compiling (or just failed): pass over it this step.
+                request_queue.pop_request()
+                if not request.is_finished():
+                    step_skipped_waiting.prepend_request(request)
+                continue
 
             new_computed_blocks, num_new_local_computed_tokens = (
                 self.kv_cache_manager.get_computed_blocks(request)
@@ -169,7 +180,7 @@ class Scheduler(_reference.Scheduler):
             if new_blocks is None:
                 break  # no memory: stop admitting (strict queue order)
 
-            request = self.waiting.pop_request()
+            request = request_queue.pop_request()
             self.running.append(request)
             if request.status == RequestStatus.WAITING:
                 scheduled_new_reqs.append(request)
@@ -184,6 +195,10 @@ class Scheduler(_reference.Scheduler):
             token_budget -= num_new_tokens
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed_tokens
+
+        # Skipped this step: back ahead of the older skipped ones (scheduler.py:822).
+        if step_skipped_waiting:
+            self.skipped_waiting.prepend_requests(step_skipped_waiting)
 
         # mirrors vllm/v1/core/sched/scheduler.py:826-921
         total_num_scheduled_tokens = sum(num_scheduled_tokens.values())
@@ -217,6 +232,12 @@ class Scheduler(_reference.Scheduler):
             scheduled_spec_decode_tokens=scheduled_spec_decode_tokens,
         )
         self._update_after_schedule(scheduler_output)
+        # Upstream sets this inside _update_after_schedule (scheduler.py:968).
+        scheduler_output.has_structured_output_requests = any(
+            self.requests[req_id].use_structured_output
+            and not self.requests[req_id].is_prefill_chunk
+            for req_id in num_scheduled_tokens
+        )
         return scheduler_output
 
     def update_from_output(
@@ -255,6 +276,19 @@ class Scheduler(_reference.Scheduler):
             stopped = False
             if new_token_ids:
                 new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
+            # The kept tokens advance the grammar; one it refuses ends the
+            # request with an error (mirrors vllm/v1/core/sched/scheduler.py:1416-1431).
+            if new_token_ids and self.structured_output_manager.should_advance(request):
+                grammar = request.structured_output_request.grammar
+                if not grammar.accept_tokens(req_id, new_token_ids):
+                    logger.error(
+                        "Unexpected: grammar rejected tokens %s for request %s. "
+                        "Terminating request.",
+                        new_token_ids,
+                        req_id,
+                    )
+                    request.status = RequestStatus.FINISHED_ERROR
+                    stopped = True
             finish_reason = None
             if stopped:
                 finish_reason = request.get_finished_reason()
@@ -274,6 +308,11 @@ class Scheduler(_reference.Scheduler):
                         new_logprobs=new_logprobs,
                     )
                 )
+
+        # Requests whose grammar failed to compile, finished in schedule().
+        for req_id in self.failed_grammar_reqs:
+            outputs.append(EngineCoreOutput(req_id, [], finish_reason=FinishReason.ERROR))
+        self.failed_grammar_reqs = []
 
         if stopped_running_reqs:
             self.running = remove_all(self.running, stopped_running_reqs)

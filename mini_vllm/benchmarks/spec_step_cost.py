@@ -54,9 +54,9 @@ def timed_steps(llm: LLM, prompt_ids: list[int], batch: int, max_tokens: int) ->
     steps: list[dict] = []
     execute = runner.execute_model
 
-    def timed(scheduler_output):
+    def timed(scheduler_output, *args):
         forward_before, start = runner.forward_time, time.perf_counter()
-        out = execute(scheduler_output)
+        out = execute(scheduler_output, *args)
         steps.append(
             {
                 "tokens": scheduler_output.total_num_scheduled_tokens,
