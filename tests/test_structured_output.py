@@ -1,6 +1,7 @@
 """Structured outputs: the parameters, the grammar wait in the scheduler, the
 bitmask (rows in scheduled order, rows for drafts), applying it, and real
-SmolLM2 runs whose outputs must parse and match.
+SmolLM2 runs whose outputs must parse and match, and whose greedy tokens
+must equal transformers' ``generate`` masked by its own xgrammar matcher.
 
 The bitmask and the applied logits are checked against xgrammar itself (a
 fresh matcher's row; ``xgr.apply_token_bitmask_inplace``); equality with
