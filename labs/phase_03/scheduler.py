@@ -62,8 +62,9 @@ class Scheduler(_reference.Scheduler):
         Upstream writes this inline at scheduler.py:390-398.
         """
         # HINT: apply the caps in this order; a threshold of 0 means "no threshold".
-        # HINT: the model-length cap only binds upstream with speculative tokens (a
-        # HINT: running request here is never more than one token behind it); keep it.
+        # HINT: the model-length cap only binds upstream with speculative tokens
+        # HINT: (without drafts, computed + new never passes the request's real
+        # HINT: tokens, at most max_model_len - 1 of them); keep it.
         raise NotImplementedError(
             "Lab 03.1: cap a running request's new tokens (threshold, budget, model length) "
             "(labs/phase_03/scheduler.py)"

@@ -131,8 +131,9 @@ class Scheduler(SchedulerInterface):
         Upstream writes this inline at scheduler.py:390-398.
         """
         # HINT: apply the caps in this order; a threshold of 0 means "no threshold".
-        # HINT: the model-length cap only binds upstream with speculative tokens (a
-        # HINT: running request here is never more than one token behind it); keep it.
+        # HINT: the model-length cap only binds upstream with speculative tokens
+        # HINT: (without drafts, computed + new never passes the request's real
+        # HINT: tokens, at most max_model_len - 1 of them); keep it.
         threshold = self.scheduler_config.long_prefill_token_threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
@@ -667,28 +668,29 @@ class Scheduler(SchedulerInterface):
 
     # END LAB 03.5
 
-    # BEGIN LAB 08.1: hand each request its fresh drafts (none while it prefills)
     # mirrors vllm/v1/core/sched/scheduler.py:1691-1711
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         """Give each request the drafts proposed after this step. A request
-        finished meanwhile is skipped; one still mid-prefill keeps none (its
-        next tokens are prompt tokens, not guesses)."""
-        # HINT: draft_token_ids.req_ids and .draft_token_ids are parallel lists.
-        # HINT: a request gone from self.requests, or finished, is skipped.
+        finished meanwhile is skipped; a structured request's drafts are cut
+        at the first one its grammar refuses (Phase 12); one still mid-prefill
+        keeps none (its next tokens are prompt tokens, not guesses)."""
         for req_id, spec_token_ids in zip(
             draft_token_ids.req_ids, draft_token_ids.draft_token_ids, strict=True
         ):
             request = self.requests.get(req_id)
             if request is None or request.is_finished():
                 continue
-            if request.is_prefill_chunk:
-                request.spec_token_ids = []
-                continue
-            # Drafts the grammar refuses are cut off at the first such one.
             if self.structured_output_manager.should_advance(request):
                 grammar = request.structured_output_request.grammar
                 spec_token_ids = grammar.validate_tokens(spec_token_ids)
-            request.spec_token_ids = spec_token_ids
+            self._set_drafts(request, spec_token_ids)
+
+    # BEGIN LAB 08.1: hand a request its fresh drafts (none while it prefills)
+    def _set_drafts(self, request: Request, spec_token_ids: list[int]) -> None:
+        """Store the drafts the next step verifies, unless the request is
+        still prefilling: its next tokens are prompt tokens, not guesses."""
+        # HINT: Request.is_prefill_chunk says whether the request is mid-prefill.
+        request.spec_token_ids = [] if request.is_prefill_chunk else spec_token_ids
 
     # END LAB 08.1
 
