@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import traceback
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 import mini_vllm.testing as testing
@@ -26,6 +27,31 @@ from mini_vllm.oracle import snapshots
 from mini_vllm.oracle.workload import Stalled, Workload, first_difference, run_workload
 
 YOURS = "your scheduler"
+
+
+def written(fn, *args, **kwargs):
+    """``fn(*args)``, failing the test at once (no traceback, no shrinking)
+    when it reaches a lab region still raising NotImplementedError."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as e:
+        pytest.fail(f"{e}: a lab region is not written yet.", pytrace=False)
+
+
+def engine_greedy_tokens(engine, texts: list[str], max_tokens: int) -> list[list[int]]:
+    """Greedy tokens of ``texts`` (EOS ignored) through an ``LLMEngine``
+    stepped by hand, in prompt order; an unwritten region fails the test."""
+    from mini_vllm.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, text in enumerate(texts):
+        engine.add_request(str(i), text, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in written(engine.step):
+            if out.finished:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+    return [done[str(i)] for i in range(len(texts))]
 
 
 def lab_settings(max_examples: int, *, shrink: bool = False) -> settings:

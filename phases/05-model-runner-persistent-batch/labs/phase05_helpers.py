@@ -17,22 +17,13 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import pytest
 import torch
 
+from mini_vllm.grading.checks import written  # noqa: F401 (the lab tests import it from here)
 from mini_vllm.oracle.batch_workload import VOCAB_SIZE, MiniSide
 from mini_vllm.oracle.runner_workload import MiniRunnerSide
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.worker.gpu_input_batch import CachedRequestState
-
-
-def written(fn, *args, **kwargs):
-    """``fn(*args)``, failing the test at once (no traceback, no shrinking)
-    when it reaches a lab region still raising NotImplementedError."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError as e:
-        pytest.fail(f"{e}: a lab region is not written yet.", pytrace=False)
 
 
 def batch_side(impl):

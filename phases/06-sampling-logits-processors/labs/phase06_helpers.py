@@ -10,21 +10,12 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-import pytest
 import torch
 
+from mini_vllm.grading.checks import written  # noqa: F401 (the lab tests import it from here)
 from mini_vllm.oracle.sampler_workload import CONFIG
 
 CPU = torch.device("cpu")
-
-
-def written(fn, *args, **kwargs):
-    """``fn(*args)``, failing the test at once (no traceback, no shrinking)
-    when it reaches a lab region still raising NotImplementedError."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError as e:
-        pytest.fail(f"{e}: a lab region is not written yet.", pytrace=False)
 
 
 def processor(cls, max_num_seqs: int = 8):

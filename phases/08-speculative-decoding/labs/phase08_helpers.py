@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import pytest
-
+from mini_vllm.grading.checks import engine_greedy_tokens, written  # noqa: F401 (the lab tests import it from here)
 from mini_vllm.oracle.workload import FIELD_WORDS, first_difference
 
 NGRAM = {
@@ -28,15 +27,6 @@ PROMPTS = [
     "The capital of France is Paris. The capital of Italy is Rome. The capital of",
 ]
 MAX_TOKENS = 10
-
-
-def written(fn, *args, **kwargs):
-    """``fn(*args)``, failing the test at once (no traceback, no shrinking)
-    when it reaches a lab region still raising NotImplementedError."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError as e:
-        pytest.fail(f"{e}: a lab region is not written yet.", pytrace=False)
 
 
 # ------------------------------------------------------------------ Lab 08.1
@@ -132,17 +122,7 @@ def smollm2_engine(speculative_config: dict | None, reference=None):
 
 def greedy_tokens(engine) -> list[list[int]]:
     """Greedy tokens of PROMPTS through ``engine``, in prompt order."""
-    from mini_vllm.sampling_params import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    for i, text in enumerate(PROMPTS):
-        engine.add_request(str(i), text, params)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in written(engine.step):
-            if out.finished:
-                done[out.request_id] = list(out.outputs[0].token_ids)
-    return [done[str(i)] for i in range(len(PROMPTS))]
+    return engine_greedy_tokens(engine, PROMPTS, MAX_TOKENS)
 
 
 def plug_into_engine(impl, monkeypatch) -> None:

@@ -30,7 +30,7 @@ from mini_vllm.attention.backends.utils import (
 )
 from mini_vllm.engine.llm_engine import LLMEngine
 from mini_vllm.entrypoints.llm import LLM
-from mini_vllm.grading.checks import lab_settings
+from mini_vllm.grading.checks import engine_greedy_tokens, lab_settings
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.testing import hf_greedy
 
@@ -247,15 +247,7 @@ SMOL_TOKENS = 4
 
 def engine_tokens(engine) -> list[list[int]]:
     """Greedy tokens of SMOL_TEXTS through ``engine``, in prompt order."""
-    params = SamplingParams(temperature=0.0, max_tokens=SMOL_TOKENS, ignore_eos=True)
-    for i, text in enumerate(SMOL_TEXTS):
-        engine.add_request(str(i), text, params)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in written(engine.step):
-            if out.finished:
-                done[out.request_id] = list(out.outputs[0].token_ids)
-    return [done[str(i)] for i in range(len(SMOL_TEXTS))]
+    return engine_greedy_tokens(engine, SMOL_TEXTS, SMOL_TOKENS)
 
 
 @pytest.fixture(scope="module")
