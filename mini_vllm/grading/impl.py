@@ -45,7 +45,7 @@ def load(lab_or_phase: str, impl: str | None = None) -> types.SimpleNamespace:
         import importlib
 
         return types.SimpleNamespace(
-            **{p.stem: importlib.import_module(R.module_name(p)) for p in modules}
+            **{R.starter_stem(p): importlib.import_module(R.module_name(p)) for p in modules}
         )
     return types.SimpleNamespace(**_load_student(phase, modules, keep))
 

@@ -115,16 +115,31 @@ def labs_of(phase: str) -> dict[str, str]:
 
 
 def module_name(path: Path) -> str:
-    return ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    """``mini_vllm/x/y.py`` -> ``mini_vllm.x.y``; a package's ``__init__.py`` -> the package."""
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_path(name: str) -> Path:
+    """The reverse of ``module_name``: the module's file, or its package's ``__init__.py``."""
+    path = REPO_ROOT / Path(*name.split("."))
+    return path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py"
+
+
+def starter_stem(reference: Path) -> str:
+    """A starter's module name: the reference file's, or for a package's
+    ``__init__.py`` the package's (``structured_output/__init__.py`` ->
+    ``structured_output.py``), since each phase's folder has its own ``__init__.py``."""
+    return reference.parent.name if reference.stem == "__init__" else reference.stem
 
 
 def starter_relpath(phase: str, reference: Path) -> Path:
     """Where a reference module's starter lives, relative to the labs folder."""
-    return Path(f"phase_{phase}") / reference.name
+    return Path(f"phase_{phase}") / f"{starter_stem(reference)}.py"
 
 
 def starter_module_name(phase: str, reference: Path) -> str:
-    return f"{LABS_PACKAGE}.phase_{phase}.{reference.stem}"
+    return f"{LABS_PACKAGE}.phase_{phase}.{starter_stem(reference)}"
 
 
 # ------------------------------------------------------------------ starters
@@ -443,8 +458,7 @@ def _imports(
         if isinstance(node, ast.ImportFrom):
             module = node.module
             if module in siblings:
-                path = REPO_ROOT / Path(*module.split(".")).with_suffix(".py")
-                module = starter_module_name(phase, path)
+                module = starter_module_name(phase, module_path(module))
             node = ast.ImportFrom(module=module, names=keep, level=0)
         else:
             node = ast.Import(names=keep)
@@ -593,7 +607,7 @@ def starters(phase: str) -> dict[Path, str]:
     """{path relative to the labs folder: text} for every starter of a phase."""
     modules = reference_modules(phase)
     siblings = {module_name(p) for p in modules}
-    names = [p.name for p in modules]
+    names = [starter_stem(p) for p in modules]
     if len(set(names)) != len(names):
         raise RegionError(f"phase {phase}: two reference modules share a file name: {names}")
     init = f'"""Phase {phase} lab starters (generated; see each module\'s docstring)."""\n'

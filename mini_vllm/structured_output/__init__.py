@@ -86,15 +86,20 @@ class StructuredOutputManager:
         assert self.backend is not None
         return self.backend.compile_grammar(request_type, grammar_spec)
 
+    # BEGIN LAB 12.2: fill one row: the grammar's allowed tokens, or all ones
     def _fill_bitmasks(self, batch: Iterable[tuple[StructuredOutputGrammar, int, bool]]) -> None:
         """Each (grammar, row, apply): the grammar's allowed tokens, or all
         ones for a row not to constrain (a terminated grammar, a padding draft)."""
+        # HINT: grammar.fill_bitmask(self._grammar_bitmask, index) writes a row;
+        # HINT: self._full_mask is the int32 -1 (all 32 bits set).
         assert self._grammar_bitmask is not None
         for grammar, index, apply_bitmask in batch:
             if apply_bitmask and not grammar.is_terminated():
                 grammar.fill_bitmask(self._grammar_bitmask, index)
             else:
                 self._grammar_bitmask[index].fill_(self._full_mask)
+
+    # END LAB 12.2
 
     def grammar_bitmask(
         self,
@@ -122,6 +127,13 @@ class StructuredOutputManager:
                 max_batch_size * (1 + max_num_spec_tokens)
             )
 
+        # BEGIN LAB 12.2: the rows, request by request: one per draft, then one more
+        # HINT: receives requests, structured_output_request_ids and
+        # HINT: scheduled_spec_decode_tokens; leaves cumulative_index (rows filled).
+        # HINT: Row i of a request's drafts is the mask after its drafts 0..i-1: fill,
+        # HINT: then accept the draft into the grammar (unless should_fill_bitmask is
+        # HINT: False or the grammar terminated); the last row follows every draft.
+        # HINT: Roll the grammar back by what it accepted, so its state is unchanged.
         cumulative_index = 0
         for req_id in structured_output_request_ids:
             request = requests[req_id]
@@ -141,6 +153,7 @@ class StructuredOutputManager:
                 cumulative_index += 1
             if state_advancements > 0:
                 grammar.rollback(state_advancements)
+        # END LAB 12.2
 
         # int32 [cumulative_index, ceil(vocab / 32)]
         return self._grammar_bitmask[:cumulative_index].numpy()

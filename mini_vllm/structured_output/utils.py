@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 _BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()
 
 
+# BEGIN LAB 12.3: unpack the int32 words into one bool per token
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """bool [rows, vocab_size]: which tokens each row allows.
 
@@ -42,12 +43,18 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     first, by table lookup: token ``32 * w + 8 * b + i`` is bit ``i`` of byte
     ``b`` of word ``w``.
     """
+    # HINT: _BYTE_BITS[v] is byte value v's 8 bits, lowest first. Tensor.view(torch.uint8)
+    # HINT: reinterprets the words as bytes; the last word may run past vocab_size.
     rows = bitmask.shape[0]
     as_bytes = bitmask.contiguous().view(torch.uint8).long()  # [rows, words * 4]
     bits = _BYTE_BITS.to(bitmask.device)[as_bytes]  # bool [rows, words * 4, 8]
     return bits.view(rows, -1)[:, :vocab_size]  # bool [rows, vocab_size]
 
 
+# END LAB 12.3
+
+
+# BEGIN LAB 12.3: each bitmask row onto its request's logits rows
 def apply_grammar_bitmask(
     scheduler_output: SchedulerOutput,
     grammar_output: GrammarOutput,
@@ -59,6 +66,9 @@ def apply_grammar_bitmask(
     ``logits``: float [num_logits, V], one row per request of the batch, or
     ``1 + drafts`` rows for a request verifying drafts (in the batch's order).
     """
+    # HINT: bitmask rows follow grammar_output.structured_output_request_ids (scheduled
+    # HINT: order); logits rows follow input_batch.req_ids, each request's drafts
+    # HINT: pushing the later rows down. A request with no row in this batch is skipped.
     grammar_bitmask = grammar_output.grammar_bitmask  # int32 [num_so_rows, words]
     spec_tokens = scheduler_output.scheduled_spec_decode_tokens
     # Where each structured request's first logits row is in this batch.
@@ -89,6 +99,9 @@ def apply_grammar_bitmask(
     disallowed = torch.zeros(logits.shape[0], vocab_size, dtype=torch.bool, device=logits.device)
     disallowed[torch.tensor(out_indices, device=logits.device)] = ~allowed
     logits[:, :vocab_size].masked_fill_(disallowed, float("-inf"))  # in place, [num_logits, V]
+
+
+# END LAB 12.3
 
 
 def choice_as_grammar(choice: list[str]) -> str:

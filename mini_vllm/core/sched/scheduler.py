@@ -276,6 +276,13 @@ class Scheduler(SchedulerInterface):
             if len(self.running) == self.max_num_running_reqs:
                 break
             # END LAB 03.1
+            # BEGIN LAB 12.1: pass over a request whose grammar is still compiling
+            # HINT: receives step_skipped_waiting; leaves request_queue and request (its
+            # HINT: head, the request to admit), or moves on with `continue`.
+            # HINT: _select_waiting_queue_for_scheduling picks the queue. A head in a
+            # HINT: blocked status that _try_promote_blocked_waiting_request cannot
+            # HINT: promote leaves its queue for this step, into step_skipped_waiting
+            # HINT: (at the front), unless the attempt finished it.
             request_queue = self._select_waiting_queue_for_scheduling()
             request = request_queue.peek_request()
             if self._is_blocked_waiting_status(
@@ -286,6 +293,7 @@ class Scheduler(SchedulerInterface):
                 if not request.is_finished():
                     step_skipped_waiting.prepend_request(request)
                 continue
+            # END LAB 12.1
 
             # BEGIN LAB 03.6: prefix caching: start from the longest cached prefix
             # HINT: receives request; leaves new_computed_blocks, num_new_local_computed_tokens
@@ -351,8 +359,12 @@ class Scheduler(SchedulerInterface):
             # END LAB 03.1
 
         # Skipped this step: back ahead of the older skipped ones (scheduler.py:822).
+        # BEGIN LAB 12.1: the requests passed over this step go back to skipped_waiting
+        # HINT: receives step_skipped_waiting; leaves self.skipped_waiting holding them,
+        # HINT: ahead of the requests already there.
         if step_skipped_waiting:
             self.skipped_waiting.prepend_requests(step_skipped_waiting)
+        # END LAB 12.1
 
         # mirrors vllm/v1/core/sched/scheduler.py:826-921
         total_num_scheduled_tokens = sum(num_scheduled_tokens.values())
@@ -402,17 +414,25 @@ class Scheduler(SchedulerInterface):
         the grammar wait of upstream's three)."""
         return status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
 
+    # BEGIN LAB 12.1: a new or preempted request joins the queue its status says
     def _enqueue_waiting_request(self, request: Request) -> None:
+        """Into skipped_waiting while it waits for its grammar, else into waiting."""
+        # HINT: _is_blocked_waiting_status says which; both queues have add_request.
         if self._is_blocked_waiting_status(request.status):
             self.skipped_waiting.add_request(request)
         else:
             self.waiting.add_request(request)
 
+    # END LAB 12.1
+
+    # BEGIN LAB 12.1: which waiting queue the next admission comes from
     def _select_waiting_queue_for_scheduling(
         self,
     ) -> FCFSRequestQueue | PriorityRequestQueue | None:
         """FCFS: the skipped queue first (its requests are older); PRIORITY:
         whichever head comes first (scheduler.py:1619)."""
+        # HINT: None when both are empty. Under PRIORITY, Request's `<` orders two
+        # HINT: requests by (priority, arrival_time); peek_request shows a queue's head.
         if self.policy == SchedulingPolicy.FCFS:
             return self.skipped_waiting or self.waiting or None
         if self.waiting and self.skipped_waiting:
@@ -421,6 +441,9 @@ class Scheduler(SchedulerInterface):
             return self.waiting if waiting_req < skipped_req else self.skipped_waiting
         return self.waiting or self.skipped_waiting or None
 
+    # END LAB 12.1
+
+    # BEGIN LAB 12.1: promote a request whose grammar is ready; fail one whose compile raised
     def _try_promote_blocked_waiting_request(self, request: Request) -> bool:
         """WAITING once its grammar has compiled (True); False while it compiles.
 
@@ -429,6 +452,9 @@ class Scheduler(SchedulerInterface):
         exception (its TODO at vllm/v1/structured_output/__init__.py:181).
         update_from_output reports it.
         """
+        # HINT: request.structured_output_request.grammar is None while the compile
+        # HINT: runs, the grammar once it is done, and re-raises a compile's exception.
+        # HINT: A failed request is freed and its id kept in self.failed_grammar_reqs.
         assert request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         try:
             grammar = request.structured_output_request.grammar
@@ -443,10 +469,16 @@ class Scheduler(SchedulerInterface):
         request.status = RequestStatus.WAITING
         return True
 
+    # END LAB 12.1
+
+    # BEGIN LAB 12.2: which requests get bitmask rows this step, and in what order
     # mirrors vllm/v1/core/sched/scheduler.py:1259-1281
     def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
         """The bitmask of the structured requests that sample this step, rows
         in scheduled order (None when there are none)."""
+        # HINT: scheduler_output.num_scheduled_tokens is in scheduled order. A request
+        # HINT: still mid-prefill (is_prefill_chunk) samples nothing: no row. The
+        # HINT: manager's grammar_bitmask builds the rows (drafts included).
         if not scheduler_output.has_structured_output_requests:
             return None
         structured_output_request_ids = [
@@ -464,6 +496,8 @@ class Scheduler(SchedulerInterface):
             scheduler_output.scheduled_spec_decode_tokens,
         )
         return GrammarOutput(structured_output_request_ids, bitmask)
+
+    # END LAB 12.2
 
     # BEGIN LAB 03.4: running and resumed requests as deltas (CachedRequestData)
     # mirrors vllm/v1/core/sched/scheduler.py:1036-1094
@@ -595,6 +629,11 @@ class Scheduler(SchedulerInterface):
                 new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
             # The kept tokens advance the grammar; one it refuses ends the
             # request with an error (mirrors vllm/v1/core/sched/scheduler.py:1416-1431).
+            # BEGIN LAB 12.3: the kept tokens advance the request's grammar
+            # HINT: receives request, req_id, new_token_ids (the kept ones) and stopped;
+            # HINT: leaves stopped. Only for requests the manager says should_advance.
+            # HINT: A grammar that refuses a token it allowed is a bug somewhere: end
+            # HINT: the request with FINISHED_ERROR (and log it).
             if new_token_ids and self.structured_output_manager.should_advance(request):
                 grammar = request.structured_output_request.grammar
                 if not grammar.accept_tokens(req_id, new_token_ids):
@@ -606,6 +645,7 @@ class Scheduler(SchedulerInterface):
                     )
                     request.status = RequestStatus.FINISHED_ERROR
                     stopped = True
+            # END LAB 12.3
             # BEGIN LAB 03.5: a stopped request is finished and freed at once
             # HINT: receives request, stopped, stopped_running_reqs; leaves finish_reason
             # HINT: (None unless it stopped). Read its finish reason, free it, and remember
