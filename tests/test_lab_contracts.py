@@ -150,3 +150,53 @@ def test_each_phase_starter_keeps_only_its_own_markers(tmp_path, monkeypatch):
     # Phase 99's starter keeps phase 98's code (unmarked) and reads n from it.
     starter = R.make_starter(module, "99", set())
     assert "    n = len(xs)\n" in starter and "n = None" not in starter, starter
+
+
+# A package's __init__.py with a region (structured_output/__init__.py: Lab
+# 12.2), and a sibling module importing from that package.
+PLANTED_PACKAGE = {
+    "pkg/__init__.py": """
+class Manager:
+    def rows(self, ids):
+        '''One row per id.'''
+        # BEGIN LAB 97.1: one row per id
+        # HINT: receives ids; leaves out.
+        out = [0 for _ in ids]
+        # END LAB 97.1
+        return out
+""",
+    "user.py": """
+from mini_vllm.pkg import Manager
+
+
+# BEGIN LAB 97.1: use the manager
+def use(ids):
+    return Manager().rows(ids)
+
+
+# END LAB 97.1
+""",
+}
+
+
+def test_a_package_init_gets_a_starter_named_after_its_package(tmp_path, monkeypatch):
+    for rel, text in PLANTED_PACKAGE.items():
+        path = tmp_path / "mini_vllm" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    monkeypatch.setattr(R, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(R, "PACKAGE_ROOT", tmp_path / "mini_vllm")
+    init = tmp_path / "mini_vllm" / "pkg" / "__init__.py"
+    assert R.module_name(init) == "mini_vllm.pkg"
+    assert R.module_path("mini_vllm.pkg") == init
+    starters = R.starters("97")
+    # Not labs/phase_97/__init__.py, which is the phase package's own marker.
+    assert set(starters) == {
+        Path("phase_97/__init__.py"),
+        Path("phase_97/pkg.py"),
+        Path("phase_97/user.py"),
+    }, sorted(starters)
+    assert R.starter_module_name("97", init) == "labs.phase_97.pkg"
+    assert "from mini_vllm import pkg as _reference" in starters[Path("phase_97/pkg.py")]
+    # The sibling's import of the package is redirected to the package's starter.
+    assert "from labs.phase_97.pkg import Manager" in starters[Path("phase_97/user.py")]

@@ -1,0 +1,18 @@
+"""Fixtures shared by Phase 12's graded suites.
+
+- ``up``: the pinned upstream's scheduler backend (mini_vllm/oracle/upstream.py),
+  whose ``Scheduler`` and ``StructuredOutputManager`` the labs run beside yours.
+
+Each lab folder may add fixtures of its own in its own ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def up():
+    from mini_vllm.oracle import upstream
+
+    return upstream
