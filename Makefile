@@ -21,7 +21,7 @@ help:
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
 	@echo "make upstream-tests  run upstream's own unit tests at the pin against mini_vllm"
 	@echo "make snapshots  re-record the upstream snapshots (scheduler, KV cache, KV sizing) the tests compare against"
-	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers; attention backends; async scheduling on/off; speculative decoding"
+	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers; attention backends; async scheduling on/off; speculative decoding; structured outputs"
 	@echo "make check-phase-03   grade your labs/ code for a phase (IMPL=ref: the reference)"
 	@echo "make check-lab-03.2   grade one lab"
 	@echo "make labs       regenerate labs/ starters (never overwrites your code)"
@@ -105,6 +105,8 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.fairness
 	$(BIN)/python -m mini_vllm.benchmarks.async_scheduling
 	$(BIN)/python -m mini_vllm.benchmarks.spec_decode
+	$(BIN)/python -m mini_vllm.benchmarks.spec_step_cost
+	$(BIN)/python -m mini_vllm.benchmarks.structured_output
 
 labs: setup
 	$(BIN)/python -m mini_vllm.grading generate
