@@ -102,7 +102,9 @@ def step(sched, n: int):
             f"step {n}: schedule() raised {type(e).__name__}: {e}. Waiting "
             f"{ids(sched.waiting)}, skipped_waiting {ids(sched.skipped_waiting)}, running "
             f"{[r.request_id for r in sched.running]}; statuses "
-            f"{ {r: q.status.name for r, q in sched.requests.items()} }.",
+            f"{ {r: q.status.name for r, q in sched.requests.items()} }. (The admission code "
+            "after your region takes only a WAITING or PREEMPTED request: a promoted request must "
+            "be WAITING, a finished one must not come back to a queue.)",
             pytrace=False,
         )
     req_ids = list(out.num_scheduled_tokens)
