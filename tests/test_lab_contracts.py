@@ -200,3 +200,5 @@ def test_a_package_init_gets_a_starter_named_after_its_package(tmp_path, monkeyp
     assert "from mini_vllm import pkg as _reference" in starters[Path("phase_97/pkg.py")]
     # The sibling's import of the package is redirected to the package's starter.
     assert "from labs.phase_97.pkg import Manager" in starters[Path("phase_97/user.py")]
+    # `solve` finds each starter's reference code by the starter's file name.
+    assert set(R.reference_region_code("97")) == {"pkg.py", "user.py"}

@@ -660,7 +660,7 @@ def reference_region_code(phase: str) -> dict[str, list[list[str]]]:
     """{starter file name: [code of each region, in order]} from the reference."""
     out = {}
     for path, regions in reference_modules(phase).items():
-        out[path.name] = region_code(path.read_text().splitlines(), regions)
+        out[starter_relpath(phase, path).name] = region_code(path.read_text().splitlines(), regions)
     return out
 
 
