@@ -441,3 +441,40 @@ def first_difference(
     if set(expected["final"]) != set(got["final"]):
         return "the two runs saw different request ids."
     return None
+
+
+def lockstep_difference(expected: dict, got: dict, labels=("upstream", "yours")) -> str | None:
+    """None if two scheduler traces agree, else the first step and field that
+    differ and, for a per-request field, the first request whose entry differs."""
+    diff = first_difference(expected, got, labels=labels)
+    if diff is None:
+        return None
+    for i, (e, g) in enumerate(zip(expected["steps"], got["steps"], strict=False)):
+        for key in FIELD_WORDS:
+            if e.get(key) == g.get(key):
+                continue
+            per_e = _by_request(e.get(key))
+            per_g = _by_request(g.get(key))
+            if per_e is None or per_g is None:
+                return diff
+            for req_id in list(per_e) + [r for r in per_g if r not in per_e]:
+                if per_e.get(req_id) != per_g.get(req_id):
+                    return (
+                        f"step {i}, request {req_id!r}, field {key!r} "
+                        f"({FIELD_WORDS[key]}): {labels[0]} {per_e.get(req_id, '(absent)')}, "
+                        f"{labels[1]} {per_g.get(req_id, '(absent)')}.\n{diff}"
+                    )
+            return diff
+    return diff
+
+
+def _by_request(entries) -> dict | None:
+    """{request id: the rest of its entry} for a field listed per request
+    ([[id, ...], ...]); None for any other field."""
+    if entries is None:
+        return {}
+    if not isinstance(entries, list) or not all(
+        isinstance(x, list) and x and isinstance(x[0], str) for x in entries
+    ):
+        return None
+    return {x[0]: x[1:] for x in entries}

@@ -22,7 +22,10 @@ import pytest
 import mini_vllm.testing as mini
 from mini_vllm.grading.checks import written
 from mini_vllm.grading.plugin import LabTimeout
-from mini_vllm.oracle.workload import FIELD_WORDS, AcceptingGrammar, first_difference
+from mini_vllm.oracle.workload import (  # noqa: F401 (lockstep_difference: the lab tests import it from here)
+    AcceptingGrammar,
+    lockstep_difference,
+)
 from mini_vllm.outputs import ModelRunnerOutput
 
 SMALL = dict(
@@ -126,40 +129,3 @@ def step(sched, n: int):
 
 def scheduled(out) -> list[str]:
     return list(out.num_scheduled_tokens)
-
-
-def lockstep_difference(expected: dict, got: dict, labels=("upstream", "yours")) -> str | None:
-    """None if two scheduler traces agree, else the first step and field that
-    differ and, for a field listed per request, the first request whose
-    entry differs."""
-    diff = first_difference(expected, got, labels=labels)
-    if diff is None:
-        return None
-    for i, (e, g) in enumerate(zip(expected["steps"], got["steps"], strict=False)):
-        for key in FIELD_WORDS:
-            if e.get(key) == g.get(key):
-                continue
-            per_e, per_g = _by_request(e.get(key)), _by_request(g.get(key))
-            if per_e is None or per_g is None:
-                return diff
-            for req_id in list(per_e) + [r for r in per_g if r not in per_e]:
-                if per_e.get(req_id) != per_g.get(req_id):
-                    return (
-                        f"step {i}, request {req_id!r}, field {key!r}: {labels[0]} "
-                        f"{per_e.get(req_id, '(absent)')}, {labels[1]} "
-                        f"{per_g.get(req_id, '(absent)')}.\n{diff}"
-                    )
-            return diff
-    return diff
-
-
-def _by_request(entries) -> dict | None:
-    """{request id: the rest of its entry} for a field listed per request
-    ([[id, ...], ...]); None for any other field."""
-    if entries is None:
-        return {}
-    if not isinstance(entries, list) or not all(
-        isinstance(x, list) and x and isinstance(x[0], str) for x in entries
-    ):
-        return None
-    return {x[0]: x[1:] for x in entries}
