@@ -35,7 +35,7 @@ from mini_vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from mini_vllm.structured_output import StructuredOutputManager
 from mini_vllm.structured_output.backend_xgrammar import XgrammarGrammar
 from mini_vllm.structured_output.utils import apply_grammar_bitmask, unpack_bitmask
-from mini_vllm.testing import EOS_TOKEN_ID, create_scheduler
+from mini_vllm.testing import EOS_TOKEN_ID, RecordingGrammar, create_scheduler
 
 VOCAB = 49152  # SmolLM2's
 SCHEMA = {
@@ -131,32 +131,6 @@ def make_request(req_id: str, prompt: list[int], max_tokens: int = 8, **constrai
         params._validate_structured_outputs()
     params.update_from_generation_config({}, EOS_TOKEN_ID)
     return Request(req_id, prompt, params, block_hasher=get_request_block_hasher(16, sha256))
-
-
-class RecordingGrammar:
-    """A grammar stand-in for the scheduler tests: records what it is fed;
-    refuses the tokens in ``refuse``."""
-
-    def __init__(self, refuse=()):
-        self.accepted: list[int] = []
-        self.refuse = set(refuse)
-
-    def accept_tokens(self, request_id, tokens):
-        if self.refuse & set(tokens):
-            return False
-        self.accepted.extend(tokens)
-        return True
-
-    def validate_tokens(self, tokens):
-        out = []
-        for t in tokens:
-            if t in self.refuse:
-                break
-            out.append(t)
-        return out
-
-    def is_terminated(self):
-        return False
 
 
 def step(sched, sampled: dict[str, list[int]] | None = None) -> tuple[SchedulerOutput, list]:
@@ -441,6 +415,48 @@ def test_a_compile_that_fails_inside_the_engine_fails_that_request_and_the_engin
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1  # all back (block 0 is null)
     out = smollm2.generate(["a"], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("at", [1, 3], ids=["during prefill", "during decode"])
+def test_ctrl_c_mid_generate_with_grammars_leaves_the_engine_whole(smollm2, at):
+    """Ctrl-C before the model runner's ``at``-th call, with a JSON-schema and
+    a regex request in flight: the interrupt reaches the caller, both requests
+    are aborted and freed (grammars included), and the same call again gives
+    the same tokens as an uninterrupted run."""
+    tok = smollm2.get_tokenizer()
+    prompts = person_prompts(tok, 1) + [{"prompt_token_ids": tok.encode("The year was")}]
+    params = [
+        SamplingParams(
+            max_tokens=24, temperature=0.0, structured_outputs=StructuredOutputsParams(json=SCHEMA)
+        ),
+        SamplingParams(
+            max_tokens=8,
+            temperature=0.0,
+            structured_outputs=StructuredOutputsParams(regex=r"1[89][0-9]{2}"),
+        ),
+    ]
+    expected = [o.outputs[0].token_ids for o in smollm2.generate(prompts, params, use_tqdm=False)]
+    runner = smollm2.llm_engine.engine_core.model_runner
+    calls = iter(range(1, 10**6))
+
+    def interrupted(scheduler_output, *args):
+        if next(calls) == at:
+            raise KeyboardInterrupt
+        return type(runner).execute_model(runner, scheduler_output, *args)
+
+    runner.execute_model = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt) as err:
+            smollm2.generate(prompts, params, use_tqdm=False)
+    finally:
+        del runner.execute_model  # back to the class's method
+    assert any("generate() aborted its 2 requests" in note for note in err.value.__notes__)
+    scheduler = smollm2.llm_engine.engine_core.scheduler
+    assert not scheduler.requests and not scheduler.skipped_waiting and not scheduler.waiting
+    got = [o.outputs[0].token_ids for o in smollm2.generate(prompts, params, use_tqdm=False)]
+    assert got == expected
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
 
 def test_without_xgrammar_a_structured_request_names_the_install_command(monkeypatch):
