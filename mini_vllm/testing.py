@@ -40,6 +40,7 @@ __all__ = [
     "make_model_runner_output",
     "ModelRunnerOutput",
     "DraftTokenIds",
+    "RecordingGrammar",
 ]
 
 
@@ -165,17 +166,54 @@ def make_model_runner_output(
 
 
 def create_structured_output_manager(
-    tokenizer, max_num_seqs: int = 16, num_speculative_tokens: int | None = None
+    tokenizer,
+    max_num_seqs: int = 16,
+    num_speculative_tokens: int | None = None,
+    manager_cls: type | None = None,
 ) -> StructuredOutputManager:
-    """A StructuredOutputManager over ``tokenizer``'s vocabulary, for a batch
-    of up to ``max_num_seqs`` requests (each with that many drafts)."""
+    """A StructuredOutputManager (or ``manager_cls``) over ``tokenizer``'s
+    vocabulary, for a batch of up to ``max_num_seqs`` requests (each with
+    that many drafts)."""
     vllm_config = VllmConfig(
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs),
         speculative_config=None
         if num_speculative_tokens is None
         else SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
     )
-    return StructuredOutputManager(vllm_config, tokenizer=tokenizer, vocab_size=len(tokenizer))
+    return (manager_cls or StructuredOutputManager)(
+        vllm_config, tokenizer=tokenizer, vocab_size=len(tokenizer)
+    )
+
+
+class RecordingGrammar:
+    """A compiled grammar's stand-in for the scheduler tests: ``fed`` holds
+    the tokens of every ``accept_tokens`` call, ``accepted`` those of the
+    calls it accepted; a call holding a token in ``refuse`` is refused, and
+    ``validate_tokens`` keeps drafts up to the first refused one (as
+    ``update_draft_token_ids`` cuts them). It never terminates."""
+
+    def __init__(self, refuse=()) -> None:
+        self.fed: list[list[int]] = []
+        self.accepted: list[int] = []
+        self.refuse = set(refuse)
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        self.fed.append(list(tokens))
+        if self.refuse & set(tokens):
+            return False
+        self.accepted.extend(tokens)
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        valid = []
+        for token in tokens:
+            if token in self.refuse:
+                break
+            valid.append(token)
+        return valid
+
+    def is_terminated(self) -> bool:
+        return False
 
 
 def create_kv_cache_manager(

@@ -28,7 +28,6 @@ import numpy as np
 import pytest
 
 import mini_vllm.testing as mini
-from mini_vllm.config import SchedulerConfig, SpeculativeConfig, VllmConfig
 from mini_vllm.grading.checks import written
 from mini_vllm.oracle.structured_workload import (
     CONSTRAINTS,
@@ -39,7 +38,6 @@ from mini_vllm.oracle.structured_workload import (
     fresh_row,
     walk,
 )
-from mini_vllm.structured_output import StructuredOutputManager as ReferenceManager
 
 REGEX = {"regex": "[a-c]{4,12}"}
 # For the scheduler scenario: languages a walk never ends within its length.
@@ -77,19 +75,16 @@ DRAFT_HINT = (
 )
 
 
-def manager(cls, tokenizer, num_spec: int | None = None, max_num_seqs: int = 8):
-    """A ``cls`` StructuredOutputManager over SmolLM2's vocabulary."""
-    config = VllmConfig(
-        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs),
-        speculative_config=None
-        if num_spec is None
-        else SpeculativeConfig(num_speculative_tokens=num_spec),
+def manager(tokenizer, num_spec: int | None = None, manager_cls=None):
+    """A StructuredOutputManager (the reference's, or ``manager_cls``) over
+    SmolLM2's vocabulary, room for 8 requests."""
+    return mini.create_structured_output_manager(
+        tokenizer, max_num_seqs=8, num_speculative_tokens=num_spec, manager_cls=manager_cls
     )
-    return cls(config, tokenizer=tokenizer, vocab_size=len(tokenizer))
 
 
 def yours(impl, tokenizer, num_spec=None):
-    return manager(impl.structured_output.StructuredOutputManager, tokenizer, num_spec)
+    return manager(tokenizer, num_spec, impl.structured_output.StructuredOutputManager)
 
 
 def ctx_of(request):
@@ -285,6 +280,35 @@ def test_a_draft_that_ends_the_grammar(impl, tokenizer):
         "a's drafts ended its grammar while the rows were built; afterwards it must be back "
         "where it was (not terminated, no token taken)."
     )
+    # A draft after the one that ends the grammar: a takes "no" (now only EOS is
+    # allowed) and verifies the drafts [EOS, "no"]. EOS ends the grammar; "no" is not
+    # fed to it (a terminated grammar refuses every token), so its row and the bonus
+    # row are all ones, and the rollback undoes EOS alone.
+    assert grammar_of(a).accept_tokens("a", no)
+    where = "grammar_bitmask(order ['a'], a has taken 'no', its drafts [EOS, 'no'])"
+    got = call(
+        where,
+        TERMINATED_HINT,
+        mgr.grammar_bitmask,
+        {"a": a},
+        ["a"],
+        {"a": [tokenizer.eos_token_id, no[0]]},
+    )
+    expected = [
+        (fresh_row(ctx_of(a), len(tokenizer), no), "row 0 (checks the draft EOS)", walk_hint),
+        (ones, "row 1 (checks the draft 'no': EOS ended the grammar)", TERMINATED_HINT),
+        (ones, "row 2 (the token after both drafts)", TERMINATED_HINT),
+    ]
+    assert got.shape[0] == len(expected), f"{where}: want 3 rows, got {got.shape[0]}"
+    for i, (want, what, hint) in enumerate(expected):
+        problem = row_problem(got[i], want, what)
+        assert problem is None, f"{where}: {problem}. {hint}"
+    assert not grammar_of(a).is_terminated() and grammar_of(a).num_processed_tokens == 1, (
+        f"{where}: afterwards the grammar must be where it was (not terminated, 1 token "
+        f"taken); it has taken {grammar_of(a).num_processed_tokens} (terminated: "
+        f"{grammar_of(a).is_terminated()}). A draft after the grammar terminated is neither "
+        "accepted nor counted for the rollback."
+    )
 
 
 # ------------------------------------------------------------------ the scheduler
@@ -398,7 +422,7 @@ def your_scenario(impl, mgr, tokenizer) -> Scenario:
 @pytest.mark.points(4)
 def test_get_grammar_bitmask_rows_follow_the_scheduled_order(impl, tokenizer):
     # The reference's manager fills the rows: only your get_grammar_bitmask is graded here.
-    scenario = your_scenario(impl, manager(ReferenceManager, tokenizer, NUM_SPEC), tokenizer)
+    scenario = your_scenario(impl, manager(tokenizer, NUM_SPEC), tokenizer)
     sched, seen = scenario.sched, {"chunk": 0, "drafts": 0}
     for step in range(8):
         if not sched.has_requests():
@@ -434,7 +458,7 @@ def test_get_grammar_bitmask_rows_follow_the_scheduled_order(impl, tokenizer):
 def test_get_grammar_bitmask_is_none_when_no_structured_request_samples(impl, tokenizer):
     config = {**Scenario.CONFIG, "num_speculative_tokens": None, "long_prefill_token_threshold": 8}
     sched = mini.create_scheduler(scheduler_cls=impl.scheduler.Scheduler, **config)
-    mgr = manager(ReferenceManager, tokenizer)
+    mgr = manager(tokenizer)
     sched.structured_output_manager = mgr
     (plain,) = mini.create_requests(1, req_ids=["plain"], prompt_token_ids=[[1, 2, 3]])
     long = compiled(mini, mgr, "long", REGEX, prompt=list(range(1, 41)), block_size=4)

@@ -367,35 +367,6 @@ def test_apply_equals_upstreams(impl, up, case):
 # ------------------------------------------------------------ advancing the grammar
 
 
-class RecordingGrammar:
-    """A compiled grammar's stand-in: records every call to ``accept_tokens``
-    (the tokens it was fed) and refuses any token in ``refuse``."""
-
-    def __init__(self, refuse=()):
-        self.fed: list[list[int]] = []
-        self.refuse = set(refuse)
-
-    def accept_tokens(self, request_id, tokens):
-        self.fed.append(list(tokens))
-        return not (self.refuse & set(tokens))
-
-    def validate_tokens(self, tokens):
-        """Drafts up to the first refused one (update_draft_token_ids cuts them)."""
-        out = []
-        for t in tokens:
-            if t in self.refuse:
-                break
-            out.append(t)
-        return out
-
-    def is_terminated(self):
-        return False
-
-    @property
-    def accepted(self) -> list[int]:
-        return [t for call in self.fed for t in call]
-
-
 WRONG_DRAFT = 999  # a draft the stand-in model never samples: verification rejects it
 STOP = 42  # a stop token (``stop_token_ids``) some requests' streams hold
 REFUSED = 13  # the token a refusing grammar refuses
@@ -447,7 +418,7 @@ def drive(backend, scheduler, plans: list[Plan], max_steps: int = 40):
             structured_outputs={"regex": "[a-z]+"} if plan.structured else None,
         )
         if plan.structured:
-            grammars[plan.req_id] = RecordingGrammar({REFUSED} if plan.refuses else ())
+            grammars[plan.req_id] = mini.RecordingGrammar({REFUSED} if plan.refuses else ())
             request.structured_output_request.grammar = grammars[plan.req_id]
         requests[plan.req_id] = request
         scheduler.add_request(request)
