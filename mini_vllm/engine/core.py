@@ -7,7 +7,7 @@ busy loop and ZMQ process boundary (``EngineCoreProc``), pipeline parallelism's
 deeper queues, utility calls, and structured outputs under async scheduling
 (upstream defers their bitmask, core.py:509; mini_vllm refuses the pair).
 
-Structured outputs (upstream core.py:132, :441, :809): the engine owns the
+Structured outputs (upstream core.py:132, :441, :815): the engine owns the
 ``StructuredOutputManager`` and hands it to the scheduler; ``add_request``
 starts a structured request's grammar compile; ``step`` asks the scheduler
 for the step's grammar bitmask and gives it to the runner with the batch
