@@ -7,15 +7,16 @@ SETUP_STAMP    := $(VENV)/.setup-done
 UPSTREAM_STAMP := $(VENV)/.upstream-done
 JUPYTER_STAMP  := $(VENV)/.jupyter-done
 
-.PHONY: setup model xgrammar upstream demo serve scheduler-demo test test-fast lint snapshots bench clean help \
+.PHONY: setup model xgrammar upstream demo serve scheduler-demo test test-deep test-no-upstream lint snapshots bench clean help \
         labs diff-upstream notebooks jupyter upstream-tests
 
 help:
 	@echo "make demo       generate text with SmolLM2-135M through mini_vllm (sets up .venv first)"
 	@echo "make serve      OpenAI-compatible server on 127.0.0.1:8000 (MODEL=..., PORT=...; SmolLM2 by default)"
 	@echo "make scheduler-demo  watch the scheduler step by step with a fake model"
-	@echo "make test       lint, then the full test suite, upstream oracle included"
-	@echo "make test-fast  tests that do not need the pinned upstream"
+	@echo "make test       lint, every test and notebook at the fast tier's counts, upstream's own tests"
+	@echo "make test-deep  the same at full counts, plus the tests marked deep (see tests/README.md)"
+	@echo "make test-no-upstream  tests that do not need the pinned upstream"
 	@echo "make lint       ruff check + ruff format --check (config in pyproject.toml)"
 	@echo "make jupyter    JupyterLab on notebooks/ with the project's kernel"
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
@@ -74,13 +75,22 @@ scheduler-demo: setup
 	$(BIN)/python -m mini_vllm.oracle.demo
 
 # MINI_VLLM_REQUIRE_UPSTREAM turns a missing pin into a failure, not a skip.
+# MINI_VLLM_TIER picks the example counts (mini_vllm/tiers.py); the tests and
+# the notebooks run in one pytest, on JOBS workers (pytest-xdist; tests that
+# share counters stay together through xdist_group marks, hence loadgroup).
+JOBS ?= 2
+PYTEST_ALL = MINI_VLLM_REQUIRE_UPSTREAM=1 $(BIN)/python -m pytest -n $(JOBS) --dist loadgroup \
+             --nbmake tests notebooks
 test: upstream lint
-	MINI_VLLM_REQUIRE_UPSTREAM=1 $(BIN)/python -m pytest
-	$(BIN)/python -m pytest --nbmake notebooks -p tests.phase_times
+	MINI_VLLM_TIER=fast $(PYTEST_ALL)
 	$(MAKE) upstream-tests
 
-test-fast: setup
-	$(BIN)/python -m pytest -m "not upstream"
+test-deep: upstream lint
+	MINI_VLLM_TIER=deep $(PYTEST_ALL)
+	$(MAKE) upstream-tests
+
+test-no-upstream: setup
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup -m "not upstream"
 
 # Upstream's tests come from the vllm 0.22.1 sdist, fetched once into build/upstream-tests/
 # (never committed); mini_vllm/oracle/upstream_suite/scope.toml says which must pass.
@@ -124,7 +134,7 @@ diff-upstream: upstream
 
 # tests/phase_times.py prints the seconds each phase's notebook took.
 notebooks: setup
-	$(BIN)/python -m pytest --nbmake notebooks -p tests.phase_times
+	$(BIN)/python -m pytest -n $(JOBS) --nbmake notebooks -p tests.phase_times
 
 # JupyterLab from the `jupyter` extra, in .venv: the notebooks' `python3` kernel is then
 # .venv's Python. The same interpreter is also registered for your user as "mini_vllm

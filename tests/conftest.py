@@ -7,13 +7,22 @@
 - Without CUDA, Triton kernels run under its interpreter (TRITON_INTERPRET=1).
 - phase_times.py prints the seconds each phase's honesty checks took.
 - Models loaded by several test files load once per run (session fixtures):
-  SmolLM2 in transformers costs ~11 s of CPU a load.
+  SmolLM2 in transformers costs ~11 s of CPU a load. mini_vllm's own loads
+  share one GGUF cache entry per run (below).
+- Tiers (mini_vllm/tiers.py): a bare ``pytest`` runs the fast tier, as
+  ``make test`` does; tests marked ``deep`` run only under
+  MINI_VLLM_TIER=deep (``make test-deep``) and are deselected, and counted,
+  otherwise.
+- Under pytest-xdist each worker keeps its own counters; the controller adds
+  them up for the closing summary.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
 
 import phase_times
 import pytest
@@ -30,9 +39,20 @@ if "TRITON_INTERPRET" not in os.environ:
     except ImportError:
         pass
 
-# Loads in tests read the GGUF itself, not a cache entry a previous run left
-# in the user's cache folder (tests/test_gguf_cache.py turns it on, in tmp).
-os.environ.setdefault("MINI_VLLM_CACHE_DIR", "off")
+# A bare `pytest` is the fast tier; subprocesses (the graders) inherit it.
+os.environ.setdefault("MINI_VLLM_TIER", "fast")
+
+# The GGUF cache (mini_vllm/model_executor/model_loader/gguf_cache.py) lives
+# in a folder of this run's own, never the user's: the run's first SmolLM2
+# load reads the GGUF and writes the entry, every later load (tests, graders,
+# notebooks and doc examples, which inherit the variable) reads the float32
+# weights it holds, bit for bit the GGUF's (tests/test_gguf_cache.py proves
+# it). pytest-xdist's workers inherit the controller's folder; the process
+# that made it removes it at the end.
+_OWN_CACHE = None
+if "MINI_VLLM_CACHE_DIR" not in os.environ:
+    _OWN_CACHE = tempfile.mkdtemp(prefix="mini_vllm-test-cache-")
+    os.environ["MINI_VLLM_CACHE_DIR"] = _OWN_CACHE
 
 HAVE_UPSTREAM = importlib.util.find_spec("vllm") is not None
 
@@ -60,9 +80,30 @@ def pytest_configure(config):
         raise pytest.UsageError(
             "MINI_VLLM_REQUIRE_UPSTREAM is set but vllm is not installed: run `make upstream`."
         )
+    if _OWN_CACHE and getattr(config.option, "numprocesses", None):
+        # Workers would race to write the entry: the controller writes it first.
+        from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+        from mini_vllm.model_executor.model_loader.gguf_cache import cached_gguf
+
+        cached_gguf(smollm2_gguf_path())
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
+    from mini_vllm.tiers import tier
+
+    if tier() == "fast":
+        deep = [item for item in items if "deep" in item.keywords]
+        if deep:
+            config.hook.pytest_deselected(items=deep)
+            items[:] = [item for item in items if "deep" not in item.keywords]
+            config.mini_vllm_counts["deep-tier tests deselected (make test-deep runs them)"] = len(
+                deep
+            )
     no_upstream = pytest.mark.skip(
         reason="pinned upstream vllm 0.22.1 not installed (make upstream)"
     )
@@ -82,6 +123,24 @@ def pytest_collection_modifyitems(config, items):
 def counts(pytestconfig) -> dict:
     """A session-wide dict of counters printed at the end of the run."""
     return pytestconfig.mini_vllm_counts
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker hands its counters to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["mini_vllm_counts"] = dict(session.config.mini_vllm_counts)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller adds up each worker's counters."""
+    totals = node.config.mini_vllm_counts
+    for key, value in node.workeroutput.get("mini_vllm_counts", {}).items():
+        if isinstance(value, int) and not key.startswith("deep-tier"):
+            totals[key] = totals.get(key, 0) + value
+        else:  # counted by every worker alike (at collection), or not a count
+            totals[key] = value
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

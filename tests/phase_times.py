@@ -1,13 +1,22 @@
-"""Seconds per phase, printed at the end of a run: what each phase costs CI.
+"""Seconds per phase, printed at the end of a run against each phase's budget.
 
 The per-phase work in CI is the honesty checks (tests/test_labs_honest.py:
-the reference, the untouched starters and a solved copy, each a full
-``check NN``) and the phase's notebook (``pytest --nbmake notebooks``). This
-plugin adds up each test's setup, call and teardown by phase and prints a
-table, so a new phase is tuned with its measured cost in hand. It prints
-only: nothing is asserted on a time.
+the reference, the untouched starters and the solved copy, each a
+``check NN`` or a part of one), the runnable examples of the phase's docs
+(tests/upstream/test_phase_docs.py) and the phase's notebook. This plugin
+adds up each of those tests' setup, call and teardown by phase and prints a
+table with the budget beside the total, so a new phase is tuned with its
+measured cost in hand. It prints only: nothing is asserted on a time.
 
-tests/conftest.py registers it for ``pytest``; the notebook run loads it
+The seconds are test time, summed over pytest-xdist's workers: with two
+workers busy, the wall clock is about half of the sum.
+
+BUDGET_S is what one phase may cost in ``make test`` (the fast tier): twenty
+phases at this budget, the phase-independent tests and the installs keep a
+fresh-clone ``make test`` under 35 minutes on a 2-core machine (README.md,
+"Two tiers", gives the arithmetic).
+
+tests/conftest.py registers it for ``pytest``; a notebook-only run loads it
 with ``-p tests.phase_times`` (Makefile).
 """
 
@@ -16,18 +25,25 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-HONESTY = re.compile(r"test_labs_honest\.py::test_(\w+?)_\w*\[(\d\d)\]$")
+from mini_vllm.tiers import tier
+
+HONESTY = re.compile(r"test_labs_honest\.py::test_(\w+?)_\w*\[(\d\d)(?:\.\d+)?\]$")
+DOC_EXAMPLE = re.compile(r"test_phase_docs\.py::test_examples_\w+\[phases/(\d\d)-")
 NOTEBOOK = re.compile(r"notebooks/phase-(\d\d)-[\w-]+\.ipynb")
 # Column of each honesty check, by its test's first word.
 CHECKS = {"reference": "reference", "untouched": "starters", "solved": "solved"}
-COLUMNS = ["reference", "starters", "solved", "notebook"]
+COLUMNS = ["reference", "starters", "solved", "docs", "notebook"]
+BUDGET_S = {"fast": 90.0, "deep": 600.0}
 
 
 def phase_and_column(nodeid: str) -> tuple[str, str] | None:
-    """("03", "solved") for a phase's honesty check or notebook; None otherwise."""
+    """("03", "solved") for a phase's honesty check, doc example or notebook;
+    None otherwise."""
     if m := HONESTY.search(nodeid):
         column = CHECKS.get(m[1])
         return (m[2], column) if column else None
+    if m := DOC_EXAMPLE.search(nodeid):
+        return m[1], "docs"
     if m := NOTEBOOK.search(nodeid):
         return m[1], "notebook"
     return None
@@ -46,11 +62,16 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     if not seconds:
         return
+    budget = BUDGET_S[tier()]
     shown = [c for c in COLUMNS if any(c in row for row in seconds.values())]
-    terminalreporter.section("seconds per phase (honesty checks, notebook)")
-    terminalreporter.write_line(f"{'phase':6}" + "".join(f"{c:>11}" for c in shown + ["total"]))
+    terminalreporter.section(f"seconds per phase ({tier()} tier; budget {budget:.0f} s a phase)")
+    terminalreporter.write_line(
+        f"{'phase':6}" + "".join(f"{c:>10}" for c in shown + ["total"]) + "  budget"
+    )
     for phase, row in sorted(seconds.items()):
-        cells = "".join(f"{row[c]:>11.1f}" if c in row else f"{'-':>11}" for c in shown)
-        terminalreporter.write_line(f"{phase:6}{cells}{sum(row.values()):>11.1f}")
+        cells = "".join(f"{row[c]:>10.1f}" if c in row else f"{'-':>10}" for c in shown)
+        total = sum(row.values())
+        verdict = "ok" if total <= budget else f"OVER by {total - budget:.0f} s"
+        terminalreporter.write_line(f"{phase:6}{cells}{total:>10.1f}  {verdict}")
     total = sum(sum(row.values()) for row in seconds.values())
-    terminalreporter.write_line(f"{'all':6}{'':>{11 * len(shown)}}{total:>11.1f}")
+    terminalreporter.write_line(f"{'all':6}{'':>{10 * len(shown)}}{total:>10.1f}")

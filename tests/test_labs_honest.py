@@ -6,7 +6,19 @@
    scores full marks, so every lab can be solved inside its starter.
 
 Each runs ``python -m mini_vllm.grading check NN`` (what ``make
-check-phase-NN`` runs) in a subprocess and reads its results.json.
+check-phase-NN`` runs) in a subprocess and reads its results.json. The
+subprocess inherits the tier (mini_vllm/tiers.py): in the fast tier the
+graded properties run a quarter of their examples.
+
+The tiers split the third proof. ``make test`` (fast) shows the solved copy
+equal to the reference by construction: every function and method a starter
+re-opens is, in the solved copy, the reference's statement for statement
+(compared as syntax trees), and every class there subclasses the reference's
+class of the same name. So the solved copy grades as the reference does,
+which proof 1 runs; what is left, the starters' imports and wiring, proof 2
+runs (every failure must come from an unwritten region, not an import).
+``make test-deep`` grades the whole solved copy as well, the labs below that
+only the solved copy runs included.
 
 What runs once per phase, not three times (CI's time; each saving below
 says which run keeps the proof):
@@ -38,6 +50,7 @@ says which run keeps the proof):
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -104,7 +117,7 @@ def upstream_counts(phase: str, stdout: str) -> tuple[int, int] | None:
         assert not lines, lines
         return None
     assert len(lines) == 1, stdout[-2000:]
-    if importlib.util.find_spec("vllm") is None:  # `make test-fast`: no pin to run them on
+    if importlib.util.find_spec("vllm") is None:  # `make test-no-upstream`: no pin to run them on
         assert "not run (they need the pinned vllm" in lines[0], lines[0]
         return None
     m = re.search(r": (\d+) of (\d+) in-scope tests pass on your code$", lines[0])
@@ -149,19 +162,65 @@ def test_untouched_starters_score_zero(phase, tmp_path):
     assert set(results["labs"]) == lab_dirs(phase)
     assert all(lab["points"] == 0 for lab in results["labs"].values())
     assert code != 0
+    # Each failure must be an unwritten region of this phase, which also
+    # proves the starters import and reach their regions.
+    other = [
+        t["name"] + ": " + t["output"][:300]
+        for t in results["tests"]
+        if f"Lab {phase}." not in t["output"]
+    ]
+    assert not other, "these fail for another reason than an unwritten region:\n" + "\n".join(other)
     if counts := upstream_counts(phase, stdout):
         passed, in_scope = counts
         assert passed < in_scope, f"upstream's tests pass on untouched starters: {stdout[-1000:]}"
 
 
-@pytest.mark.parametrize("phase", PHASES)
-def test_solved_starters_score_full_marks(phase, tmp_path):
+def solved_copy(tmp_path: Path) -> Path:
     labs = tmp_path / "solved"
     subprocess.run(
         [sys.executable, "-m", "mini_vllm.grading", "solve", "--out", str(labs)],
         check=True,
         capture_output=True,
     )
+    return labs
+
+
+def definitions(tree: ast.Module) -> dict[str, str]:
+    """{"f": dump, "Class.method": dump} of a module's functions and methods."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out[node.name] = ast.dump(node)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    out[f"{node.name}.{item.name}"] = ast.dump(item)
+    return out
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_solved_copy_is_the_reference_by_construction(phase, tmp_path):
+    labs = solved_copy(tmp_path)
+    compared = 0
+    for reference in R.reference_modules(phase):
+        rel = R.starter_relpath(phase, reference)
+        solved_tree = ast.parse((labs / rel).read_text())
+        ours = definitions(ast.parse(reference.read_text()))
+        for name, dump in definitions(solved_tree).items():
+            assert name in ours, f"{rel}: {name} is not in {reference.name}"
+            assert dump == ours[name], f"{rel}: {name} differs from the reference's"
+            compared += 1
+        for node in solved_tree.body:
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b) for b in node.bases]
+                assert bases == [f"_reference.{node.name}"], f"{rel}: {node.name}{bases}"
+    assert compared >= len(R.labs_of(phase)), f"only {compared} definitions compared"
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize("phase", PHASES)
+def test_solved_starters_score_full_marks(phase, tmp_path):
+    labs = solved_copy(tmp_path)
     code, results, stdout = grade(phase, tmp_path, "--labs-dir", str(labs))
     failed = [
         t["name"] + ": " + t["output"][:300] for t in results["tests"] if t["status"] != "passed"

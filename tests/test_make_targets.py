@@ -1,4 +1,4 @@
-"""The Makefile's lint and jupyter targets, read with ``make -n`` (nothing runs)."""
+"""The Makefile's lint, test and jupyter targets, read with ``make -n`` (nothing runs)."""
 
 import shutil
 import subprocess
@@ -38,3 +38,12 @@ def test_make_jupyter_installs_registers_then_opens_notebooks():
     kernel = next(i for i, line in enumerate(lines) if "-m ipykernel install" in line)
     lab = lines.index(".venv/bin/jupyter lab notebooks/")
     assert install < kernel < lab, lines
+
+
+@pytest.mark.parametrize("target, tier", [("test", "fast"), ("test-deep", "deep")])
+def test_each_tier_runs_tests_notebooks_and_upstreams_own_tests(target, tier):
+    lines = dry_run(target)
+    (run,) = [line for line in lines if "-m pytest" in line]
+    assert f"MINI_VLLM_TIER={tier} " in run and "--nbmake tests notebooks" in run, run
+    assert "MINI_VLLM_REQUIRE_UPSTREAM=1" in run, run
+    assert any("-m mini_vllm.oracle.upstream_suite" in line for line in lines), lines

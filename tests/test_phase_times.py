@@ -1,4 +1,5 @@
-"""tests/phase_times.py files each honesty check and notebook under its phase."""
+"""tests/phase_times.py files each honesty check, doc example and notebook
+under its phase."""
 
 from __future__ import annotations
 
@@ -19,9 +20,14 @@ def test_every_honesty_check_and_notebook_has_a_column():
         and node.name.startswith("test_")
         and [a.arg for a in node.args.args][:1] == ["phase"]
     ]
-    assert len(checks) == 3, checks
+    assert len(checks) == 4, checks
     columns = {phase_and_column(f"tests/test_labs_honest.py::{name}[03]") for name in checks}
     assert columns == {("03", "reference"), ("03", "starters"), ("03", "solved")}
+    doc = "tests/upstream/test_phase_docs.py::test_examples_print_what_the_docs_say"
+    assert phase_and_column(f"{doc}[phases/12-structured-outputs/00-guide.md:40]") == (
+        "12",
+        "docs",
+    )
     for notebook in sorted((HERE.parent / "notebooks").glob("phase-*.ipynb")):
         nodeid = f"notebooks/{notebook.name}::{notebook.name}"
         assert phase_and_column(nodeid) == (notebook.name[6:8], "notebook"), nodeid

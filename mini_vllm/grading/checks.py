@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, Phase, settings
 import mini_vllm.testing as testing
 from mini_vllm.oracle import snapshots
 from mini_vllm.oracle.workload import Stalled, Workload, first_difference, run_workload
+from mini_vllm.tiers import examples
 
 YOURS = "your scheduler"
 
@@ -59,13 +60,18 @@ def lab_settings(max_examples: int, *, shrink: bool = False) -> settings:
     run (derandomized, no example database, so a student's score does not
     move between runs) and no deadline (the machine may be slow).
 
+    ``max_examples`` is the grade's count. The fast test tier
+    (MINI_VLLM_TIER=fast, what ``make test`` runs on the reference and the
+    starters) runs a quarter of it, at least 10: a student's
+    ``make check-phase-NN`` leaves the tier unset and gets the full count.
+
     One failure is reported (``report_multiple_bugs=False``). By default it is
     the first found, as found (no shrinking), which suits a lockstep whose
     examples are whole workloads; ``shrink=True`` shrinks it to a smaller
     example first, for properties whose inputs read better small (a free
     queue's operations, a stop string)."""
     return settings(
-        max_examples=max_examples,
+        max_examples=examples(max_examples, max(10, max_examples // 4)),
         deadline=None,
         derandomize=True,
         database=None,

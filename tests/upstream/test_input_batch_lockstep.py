@@ -17,8 +17,6 @@ MINI_VLLM_BATCH_LOCKSTEP_EXAMPLES sets the number of generated cases (default 60
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -34,15 +32,17 @@ from mini_vllm.oracle.batch_workload import (
     run_batch_workload,
     upstream_block_table_module,
 )
+from mini_vllm.tiers import examples
 from mini_vllm.worker.block_table import PAD_SLOT_ID, BlockTable
 
 pytestmark = pytest.mark.upstream
 
-EXAMPLES = int(os.environ.get("MINI_VLLM_BATCH_LOCKSTEP_EXAMPLES", "60"))
+EXAMPLES = examples(60, 30, "MINI_VLLM_BATCH_LOCKSTEP_EXAMPLES")
 
 
 # No shrinking: it takes minutes on these nested workloads, and the message
 # already names the first operation and field that differ.
+@pytest.mark.xdist_group("batch-lockstep")
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -62,6 +62,7 @@ def test_input_batch_lockstep_with_upstream(counts, workload):
     assert diff is None, f"{diff}\nconfig: {workload.config}\nsteps: {workload.steps}"
 
 
+@pytest.mark.xdist_group("batch-lockstep")
 def test_generated_batch_workloads_reach_holes_swaps_and_slots(counts):
     """The lockstep proves little unless it condenses real holes, swaps rows
     and maps tokens to slots. Runs after the lockstep test in this module."""

@@ -16,18 +16,17 @@ MINI_VLLM_KV_LOCKSTEP_EXAMPLES sets the number of generated cases (default 1000)
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 import mini_vllm.testing as mini
 from mini_vllm.oracle.kv_strategies import kv_workloads
 from mini_vllm.oracle.kv_workload import first_kv_difference, run_kv_workload
+from mini_vllm.tiers import examples
 
 pytestmark = pytest.mark.upstream
 
-EXAMPLES = int(os.environ.get("MINI_VLLM_KV_LOCKSTEP_EXAMPLES", "1000"))
+EXAMPLES = examples(1000, 200, "MINI_VLLM_KV_LOCKSTEP_EXAMPLES")
 
 
 @pytest.fixture(scope="module")

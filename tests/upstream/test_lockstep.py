@@ -32,8 +32,6 @@ a structured request samples, and the skipped queue must match step for step
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -41,13 +39,14 @@ import mini_vllm.testing as mini
 from mini_vllm.oracle.async_workload import ASYNC_FIELD_WORDS, run_workload_async
 from mini_vllm.oracle.strategies import spec_workloads, structured_workloads, workloads
 from mini_vllm.oracle.workload import RequestSpec, Workload, first_difference, run_workload
+from mini_vllm.tiers import examples
 
 pytestmark = pytest.mark.upstream
 
-EXAMPLES = int(os.environ.get("MINI_VLLM_LOCKSTEP_EXAMPLES", "2000"))
-ASYNC_EXAMPLES = int(os.environ.get("MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES", "500"))
-SPEC_EXAMPLES = int(os.environ.get("MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES", "500"))
-STRUCTURED_EXAMPLES = int(os.environ.get("MINI_VLLM_STRUCTURED_LOCKSTEP_EXAMPLES", "120"))
+EXAMPLES = examples(2000, 300, "MINI_VLLM_LOCKSTEP_EXAMPLES")
+ASYNC_EXAMPLES = examples(500, 100, "MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES")
+SPEC_EXAMPLES = examples(500, 100, "MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES")
+STRUCTURED_EXAMPLES = examples(120, 60, "MINI_VLLM_STRUCTURED_LOCKSTEP_EXAMPLES")
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +56,7 @@ def upstream():
     return up
 
 
+@pytest.mark.xdist_group("lockstep")
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -78,6 +78,7 @@ def test_lockstep_with_upstream(upstream, counts, workload):
     assert diff is None, f"{diff}\nconfig: {workload.config}"
 
 
+@pytest.mark.xdist_group("lockstep")
 def test_generated_workloads_exercise_preemption(counts):
     """The generator must reach memory pressure, or the lockstep proves little
     about preemption. Runs after the lockstep test in this module."""
@@ -86,6 +87,7 @@ def test_generated_workloads_exercise_preemption(counts):
     assert counts["lockstep examples with preemption"] > 0, counts
 
 
+@pytest.mark.xdist_group("async-lockstep")
 @settings(
     max_examples=ASYNC_EXAMPLES,
     deadline=None,
@@ -105,6 +107,7 @@ def test_async_lockstep_with_upstream(upstream, counts, workload):
     assert diff is None, f"{diff}\nconfig: {workload.config}"
 
 
+@pytest.mark.xdist_group("async-lockstep")
 def test_async_workloads_exercise_preemption(counts):
     """Runs after the async lockstep test in this module."""
     if counts.get("async examples", 0) < 50:
@@ -135,6 +138,7 @@ def test_async_placeholders_go_1_2_1(upstream):
     )
 
 
+@pytest.mark.xdist_group("spec-lockstep")
 @settings(
     max_examples=SPEC_EXAMPLES,
     deadline=None,
@@ -164,6 +168,7 @@ def test_spec_lockstep_with_upstream(upstream, counts, workload):
     assert diff is None, f"{diff}\nconfig: {workload.config}"
 
 
+@pytest.mark.xdist_group("spec-lockstep")
 def test_spec_workloads_exercise_drafts(counts):
     """The speculative workloads must schedule drafts, accept some, reject
     some, and preempt requests that carry drafts. Runs after the test above."""
@@ -178,6 +183,7 @@ def test_spec_workloads_exercise_drafts(counts):
         assert counts[key] > 0, counts
 
 
+@pytest.mark.xdist_group("structured-lockstep")
 @settings(
     max_examples=STRUCTURED_EXAMPLES,
     deadline=None,
@@ -210,6 +216,7 @@ def test_structured_lockstep_with_upstream(upstream, counts, workload):
     assert diff is None, f"{diff}\nconfig: {workload.config}"
 
 
+@pytest.mark.xdist_group("structured-lockstep")
 def test_structured_workloads_exercise_the_wait(counts):
     """The structured workloads must skip a compiling request while others
     run, and sample structured requests. Runs after the test above."""

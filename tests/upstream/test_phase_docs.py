@@ -339,13 +339,39 @@ def _examples() -> list[tuple[str, int, str, str]]:
 
 EXAMPLES = _examples()
 
+# The examples that run only in the deep tier (`make test-deep`): each costs
+# 10-60 s of a quiet core (a real model generating, or a benchmark), together
+# about a third of all the examples' time. Keyed by doc and line, as the test
+# ids are; test_every_deep_example_exists fails when a doc edit moves one.
+DEEP_EXAMPLES = {
+    "phases/00-foundations/00-guide.md:43",
+    "phases/06-sampling-logits-processors/00-guide.md:455",
+    "phases/06-sampling-logits-processors/EXERCISES.md:218",
+    "phases/08-speculative-decoding/00-guide.md:315",
+    "phases/08-speculative-decoding/EXERCISES.md:92",
+    "phases/12-structured-outputs/00-guide.md:50",
+    "phases/12-structured-outputs/01-deep-dive.md:320",
+    "phases/12-structured-outputs/EXERCISES.md:22",
+}
+
 
 def test_the_docs_have_examples():
     assert len(EXAMPLES) >= 15, f"only {len(EXAMPLES)} runnable examples in the phase docs"
 
 
+def test_every_deep_example_exists():
+    ids = {f"{d}:{n}" for d, n, _, _ in EXAMPLES}
+    assert DEEP_EXAMPLES <= ids, f"no example starts at {sorted(DEEP_EXAMPLES - ids)}"
+
+
 @pytest.mark.parametrize(
-    "doc, line, code, expected", EXAMPLES, ids=[f"{d}:{n}" for d, n, _, _ in EXAMPLES]
+    "doc, line, code, expected",
+    [
+        pytest.param(
+            *e, id=f"{e[0]}:{e[1]}", marks=[pytest.mark.deep] * (f"{e[0]}:{e[1]}" in DEEP_EXAMPLES)
+        )
+        for e in EXAMPLES
+    ],
 )
 def test_examples_print_what_the_docs_say(doc, line, code, expected):
     run = subprocess.run(

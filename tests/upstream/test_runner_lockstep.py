@@ -18,8 +18,6 @@ MINI_VLLM_RUNNER_LOCKSTEP_EXAMPLES sets the number of generated cases (default 3
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -32,10 +30,11 @@ from mini_vllm.oracle.runner_workload import (
 )
 from mini_vllm.oracle.scenarios import SCENARIOS
 from mini_vllm.oracle.strategies import workloads
+from mini_vllm.tiers import examples
 
 pytestmark = pytest.mark.upstream
 
-EXAMPLES = int(os.environ.get("MINI_VLLM_RUNNER_LOCKSTEP_EXAMPLES", "30"))
+EXAMPLES = examples(30, 15, "MINI_VLLM_RUNNER_LOCKSTEP_EXAMPLES")
 
 
 def _check(workload, threshold, counts) -> None:
@@ -58,6 +57,7 @@ def _check(workload, threshold, counts) -> None:
     assert diff is None, f"{diff}\nreorder threshold: {threshold}\nworkload: {workload.to_dict()}"
 
 
+@pytest.mark.xdist_group("runner-lockstep")
 @pytest.mark.parametrize("threshold", [None, 1])
 @pytest.mark.parametrize("workload", SCENARIOS, ids=[w.name for w in SCENARIOS])
 def test_runner_lockstep_on_named_scenarios(workload, threshold, counts):
@@ -65,6 +65,7 @@ def test_runner_lockstep_on_named_scenarios(workload, threshold, counts):
 
 
 # No shrinking: the message already names the first stage and field that differ.
+@pytest.mark.xdist_group("runner-lockstep")
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -77,6 +78,7 @@ def test_runner_lockstep_with_upstream(workload, threshold, counts):
     _check(workload, threshold, counts)
 
 
+@pytest.mark.xdist_group("runner-lockstep")
 def test_runner_lockstep_reached_preemption_and_discards(counts):
     """The lockstep proves little unless requests sit outside the batch
     (preempted or unscheduled) and mid-prefill rows discard their token.

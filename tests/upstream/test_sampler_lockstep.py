@@ -22,8 +22,6 @@ the path mini mirrors. MINI_VLLM_SAMPLING_EXAMPLES sets the number of cases
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -39,10 +37,11 @@ from mini_vllm.oracle.sampler_workload import (
 )
 from mini_vllm.sample.sampler import Sampler
 from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.tiers import examples
 
 pytestmark = pytest.mark.upstream
 
-EXAMPLES = int(os.environ.get("MINI_VLLM_SAMPLING_EXAMPLES", "40"))
+EXAMPLES = examples(40, 20, "MINI_VLLM_SAMPLING_EXAMPLES")
 SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,

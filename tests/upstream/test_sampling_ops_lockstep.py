@@ -41,10 +41,11 @@ from mini_vllm.sample.ops import allowed_token_ids as mini_allowed
 from mini_vllm.sample.ops import bad_words as mini_bad_words
 from mini_vllm.sample.ops import penalties as mini_penalties
 from mini_vllm.sample.ops import topk_topp_sampler as mini_topk
+from mini_vllm.tiers import examples
 
 pytestmark = pytest.mark.upstream
 
-EXAMPLES = int(os.environ.get("MINI_VLLM_SAMPLING_EXAMPLES", "40"))
+EXAMPLES = examples(40, 20, "MINI_VLLM_SAMPLING_EXAMPLES")
 SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -412,6 +413,7 @@ def _update_fields(update):
     return update.batch_size, list(update.removed), added, moved
 
 
+@pytest.mark.xdist_group("processor-lockstep")
 @SETTINGS
 @given(workload=batch_steps())
 def test_builtin_processors_match_upstream_through_batch_updates(up, counts, workload):
@@ -471,6 +473,7 @@ def test_builtin_processors_match_upstream_through_batch_updates(up, counts, wor
             batch.outputs[req_id].append(step["token"])
 
 
+@pytest.mark.xdist_group("processor-lockstep")
 def test_generated_batch_steps_reach_moves_and_state(counts):
     """The processors' lockstep proves little unless rows really move while a
     processor holds state. Runs after the lockstep test in this module."""

@@ -19,7 +19,6 @@ MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES sets the number of generated cases (default 40)
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -43,6 +42,7 @@ from mini_vllm.sample.rejection_sampler import (
 )
 from mini_vllm.spec_decode.metadata import SpecDecodeMetadata
 from mini_vllm.spec_decode.ngram_proposer import NgramProposer
+from mini_vllm.tiers import examples
 
 pytestmark = [
     pytest.mark.upstream,
@@ -51,7 +51,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPendingDeprecationWarning"),
 ]
 
-EXAMPLES = int(os.environ.get("MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES", "40"))
+EXAMPLES = examples(40, 20, "MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES")
 SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,
