@@ -30,6 +30,10 @@ APPEND = "        self.append_n([block])\n"  # the body of FreeKVCacheBlockQueue
 APPEND_TEST = "test_append_puts_a_block_at_the_back"  # Lab 02.1: calls append
 POOL_TEST = "test_block_0_is_the_null_block_and_never_free"  # Lab 02.2: does not
 
+# Timing-sensitive (time limits, Ctrl-C on a running grader): under
+# pytest-xdist these run on one worker, in order, as they did before it.
+pytestmark = pytest.mark.xdist_group("grading-robust")
+
 
 def swallowing_loop(first: str = "pass") -> str:
     """A loop that swallows everything, the per-test timeout and Ctrl-C included;
