@@ -33,7 +33,7 @@ NOTEBOOK = re.compile(r"notebooks/phase-(\d\d)-[\w-]+\.ipynb")
 # Column of each honesty check, by its test's first word.
 CHECKS = {"reference": "reference", "untouched": "starters", "solved": "solved"}
 COLUMNS = ["reference", "starters", "solved", "docs", "notebook"]
-BUDGET_S = {"fast": 90.0, "deep": 600.0}
+BUDGET_S = {"fast": 120.0, "deep": 600.0}
 
 
 def phase_and_column(nodeid: str) -> tuple[str, str] | None:

@@ -80,6 +80,18 @@ def check_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "mini_vllm.grading", "check", *args]
 
 
+# A terminal starts a foreground job with Ctrl-C's default action; a shell that
+# runs the suite in the background (`make test &`) ignores SIGINT, and an
+# ignored signal stays ignored across exec. This restores the default, then
+# execs the command given after it.
+WITH_DEFAULT_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
+
+
 def env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("IMPL", "MINI_VLLM_LABS_DIR")}
 
@@ -186,7 +198,7 @@ def test_ctrl_c_stops_a_loop_that_swallows_it(pristine, tmp_path):
     plant(labs, FREE_QUEUE, APPEND, swallowing_loop(f"open({str(started)!r}, 'w').close()"))
     old = stale_score(tmp_path)
     proc = subprocess.Popen(
-        check_cmd("02.1", "--labs-dir", str(labs), "--", "-k", APPEND_TEST),
+        WITH_DEFAULT_SIGINT + check_cmd("02.1", "--labs-dir", str(labs), "--", "-k", APPEND_TEST),
         cwd=tmp_path,
         env=env(),
         stdout=subprocess.PIPE,
