@@ -1,7 +1,8 @@
 """The two test tiers: how many generated examples a property or a lockstep runs.
 
 ``MINI_VLLM_TIER=fast`` is what ``make test`` (and CI) runs: every test, at
-example counts that still catch the planted bugs each phase's issue lists.
+smaller example counts (tests/planted_bugs.py grades three planted bugs a
+phase at them).
 ``MINI_VLLM_TIER=deep`` is ``make test-deep``: the full counts, and the tests
 marked ``deep`` (tests/conftest.py deselects those in the fast tier).
 

@@ -66,6 +66,12 @@ def _have_cuda() -> bool:
 
 
 def pytest_configure(config):
+    from mini_vllm.tiers import tier
+
+    try:
+        tier()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
     config.mini_vllm_counts = {}
     config.pluginmanager.register(phase_times, "phase_times")
     # The tests run small tensors; with two threads on two busy cores each op

@@ -82,6 +82,12 @@ def check(
 ) -> int:
     """Grade ``target``; a whole phase also prints the line of upstream's own
     unit tests (information, not points) unless ``upstream_tests`` is False."""
+    from mini_vllm.tiers import tier
+
+    try:
+        tier()
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     phase, _, lab = target.partition(".")
     if not (phase.isdigit() and len(phase) == 2 and (lab == "" or lab.isdigit())):
         raise SystemExit(f"{target!r}: give a phase like 03 or a lab like 03.2")
