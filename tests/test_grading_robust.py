@@ -260,3 +260,38 @@ def test_a_hang_in_phase_03_costs_one_time_limit(pristine, tmp_path):
     assert results["labs"]["03.1"]["points"] == results["labs"]["03.1"]["total"] > 0
     assert hung_test in proc.stdout and "update_from_output" in proc.stdout
     assert "upstream's own unit tests: not run (a graded test hung" in proc.stdout
+
+
+def test_a_swallowing_loop_in_the_only_test_selected_still_gets_a_score(pristine, tmp_path):
+    """The stuck test was the last one left: no new run is needed to grade the
+    rest, so check scores what it has (0 of 1 here) and names the hung test,
+    rather than restarting a run with nothing to run and giving no score."""
+    labs = solved(pristine, tmp_path)
+    plant(labs, FREE_QUEUE, APPEND, swallowing_loop())
+    proc = check("02.1", "--labs-dir", str(labs), "--", "-k", APPEND_TEST, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "ended the process early" not in proc.stdout, proc.stdout[-3000:]
+    assert "Score (" in proc.stdout and "0 / 1" in proc.stdout, proc.stdout[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    (test,) = results["tests"]
+    assert APPEND_TEST in test["name"] and "stuck in `append`" in test["output"], test
+
+
+def test_results_in_a_folder_that_does_not_exist_yet(pristine, tmp_path):
+    """--results names a file in a folder that is not there: the folder is made
+    and the score written, instead of a traceback after every test ran."""
+    out = tmp_path / "new" / "deeper" / "r.json"
+    args = ["02.1", "--labs-dir", str(pristine), "--results", str(out)]
+    proc = check(*args, "--", "-k", APPEND_TEST, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads(out.read_text())["score"] == 1.0
+
+
+def test_results_that_cannot_be_written_are_refused_before_grading(pristine, tmp_path):
+    """--results under a path that is a file: one line before any test runs."""
+    (tmp_path / "afile").write_text("")
+    bad = tmp_path / "afile" / "r.json"
+    proc = check("02.1", "--labs-dir", str(pristine), "--results", str(bad), cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "--results" in proc.stderr and str(bad) in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "passed" not in proc.stdout, proc.stdout[-2000:]

@@ -103,7 +103,11 @@ def check(
     if labs_dir:
         os.environ["MINI_VLLM_LABS_DIR"] = str(Path(labs_dir).resolve())
     path = Path(results).resolve()
-    path.unlink(missing_ok=True)  # an old score must never read as this run's
+    try:  # before grading, not after: the score must have somewhere to go
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # an old score must never read as this run's
+    except OSError as e:
+        raise SystemExit(f"--results {results}: cannot write the score there ({e.strerror}).")
     from mini_vllm.grading import run
     from mini_vllm.grading.plugin import _graded, score_table, write_results
 

@@ -108,6 +108,9 @@ def grade(folder: Path, pytest_args: list[str]) -> Outcome:
                 return finish(by_id, results, run_id, child.returncode, complete, events)
             complete = False
             fail_stuck(by_id, stuck, Path(f"{events}.stacks"))
+            if all(t["status"] != "pending" for t in by_id.values()):
+                # Nothing left for a new child to run: this is the whole grade.
+                return Outcome(results_of(by_id, run_id), complete=False, hung=True)
 
 
 def watch(child: subprocess.Popen, events: Path) -> tuple[str, float, str] | None:
