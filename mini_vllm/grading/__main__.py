@@ -107,7 +107,9 @@ def check(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)  # an old score must never read as this run's
     except OSError as e:
-        raise SystemExit(f"--results {results}: cannot write the score there ({e.strerror}).")
+        raise SystemExit(
+            f"--results {results}: cannot write the score there ({e.strerror})."
+        ) from None
     from mini_vllm.grading import run
     from mini_vllm.grading.plugin import _graded, score_table, write_results
 
