@@ -1,9 +1,15 @@
-"""KV-cache block metadata, the free-block queue, and prefix block hashing.
+"""KV-cache block metadata, the free-block queue, prefix block hashing, and
+the grouping of layers into KV-cache groups.
 
 Mirrors upstream ``vllm/v1/core/kv_cache_utils.py`` at v0.22.1:
-``KVCacheBlock`` (:116), ``FreeKVCacheBlockQueue`` (:164),
-``hash_block_tokens`` (:541), ``get_request_block_hasher`` (:637),
-``init_none_hash`` (:97); the hash functions are in ``mini_vllm/utils/hashing.py``.
+``make_block_hash_with_group_id`` (:55), ``KVCacheBlock`` (:116),
+``FreeKVCacheBlockQueue`` (:164), ``hash_block_tokens`` (:541),
+``get_request_block_hasher`` (:637), ``init_none_hash`` (:97); the grouping:
+``create_kv_cache_group_specs`` (:822), ``is_kv_cache_spec_uniform`` (:852),
+``_get_kv_cache_groups_uniform_page_size`` (:1057),
+``get_kv_cache_config_from_groups`` (:1236), ``unify_hybrid_kv_cache_specs``
+(:1324), ``get_kv_cache_groups`` (:1618). The hash functions are in
+``mini_vllm/utils/hashing.py``.
 What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
@@ -22,12 +28,40 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NewType
 
+from mini_vllm.kv_cache_interface import (
+    AttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+    SlidingWindowSpec,
+    cdiv,
+    get_num_blocks,
+)
 from mini_vllm.utils.hashing import sha256
 
 if TYPE_CHECKING:
     from mini_vllm.request import Request
 
 BlockHash = NewType("BlockHash", bytes)
+# A BlockHash with its KV-cache group id appended (4 bytes, big-endian): the
+# key of the prefix cache, so each group caches its own blocks.
+BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
+
+
+def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
+    """The prefix-cache key of ``block_hash`` in KV-cache group ``group_id``."""
+    return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
+
+
+def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
+    """The ``BlockHash`` inside a prefix-cache key."""
+    return BlockHash(key[:-4])
+
+
+def get_group_id(key: BlockHashWithGroupId) -> int:
+    """The KV-cache group id inside a prefix-cache key."""
+    return int.from_bytes(key[-4:], "big", signed=False)
 
 
 def init_none_hash(hash_fn: Callable[[Any], bytes]) -> None:
@@ -258,3 +292,132 @@ def get_request_block_hasher(
         # END LAB 02.3
 
     return request_block_hasher
+
+
+# ---------------------------------------------------------------- KV-cache groups
+
+
+def create_kv_cache_group_specs(
+    kv_cache_spec: dict[str, AttentionSpec], grouped_layer_names: list[list[str]]
+) -> list[KVCacheGroupSpec]:
+    """One ``KVCacheGroupSpec`` per list of layer names, its spec merged from
+    the layers' specs (which must agree)."""
+    groups = []
+    for layer_names in grouped_layer_names:
+        specs = [kv_cache_spec[name] for name in layer_names]
+        groups.append(KVCacheGroupSpec(layer_names, specs[0].merge(specs)))
+    return groups
+
+
+def is_kv_cache_spec_uniform(kv_cache_spec: dict[str, AttentionSpec]) -> bool:
+    """Whether every layer's spec merges into one (full attention with and
+    without a recorded window counts as one)."""
+    if not kv_cache_spec:
+        return True
+    specs = list(kv_cache_spec.values())
+    try:
+        specs[0].merge(specs)
+    except AssertionError:
+        return False
+    return True
+
+
+def unify_hybrid_kv_cache_specs(kv_cache_spec: dict[str, AttentionSpec]) -> None:
+    """With the hybrid manager off: turn every sliding-window layer of a model
+    that also has full-attention layers into full attention (keeping the
+    window on the spec), in place, so the model gets one group."""
+    if is_kv_cache_spec_uniform(kv_cache_spec):
+        return
+    has_full = any(isinstance(s, FullAttentionSpec) for s in kv_cache_spec.values())
+    if has_full:
+        for name, spec in kv_cache_spec.items():
+            if isinstance(spec, SlidingWindowSpec):
+                kv_cache_spec[name] = FullAttentionSpec(
+                    block_size=spec.block_size,
+                    num_kv_heads=spec.num_kv_heads,
+                    head_size=spec.head_size,
+                    dtype=spec.dtype,
+                    sliding_window=spec.sliding_window,
+                )
+    if not is_kv_cache_spec_uniform(kv_cache_spec):
+        raise ValueError(
+            "the hybrid KV-cache manager is disabled but the layers' KV-cache specs "
+            "cannot be unified into one"
+        )
+
+
+def _get_kv_cache_groups_uniform_page_size(
+    kv_cache_spec: dict[str, AttentionSpec],
+) -> list[KVCacheGroupSpec]:
+    """Groups for a model with several kinds of layers of one page size.
+
+    Layers with equal specs are gathered; each kind is cut into groups of
+    the same number of layers (the smallest kind's count, or the largest's
+    when no kind has 1.5 times the layers of another), so every group's
+    block costs the same memory. Layer ``i`` of a kind goes to group
+    ``i % num_groups`` of that kind (upstream's stride, kept for pipeline
+    parallelism). A kind whose count does not divide evenly leaves its last
+    group short (upstream logs the padding it implies).
+    """
+    same_type_layers: dict[AttentionSpec, list[str]] = {}
+    for name, spec in kv_cache_spec.items():
+        same_type_layers.setdefault(spec, []).append(name)
+    counts = [len(layers) for layers in same_type_layers.values()]
+    group_size = min(counts)
+    if max(counts) < min(counts) * 1.5:
+        group_size = max(counts)
+    grouped: list[list[str]] = []
+    for layers in same_type_layers.values():
+        num_groups = cdiv(len(layers), group_size)
+        grouped.extend(layers[i::num_groups] for i in range(num_groups))
+    return create_kv_cache_group_specs(kv_cache_spec, grouped)
+
+
+def get_kv_cache_groups(
+    kv_cache_spec: dict[str, AttentionSpec], disable_hybrid_kv_cache_manager: bool = False
+) -> list[KVCacheGroupSpec]:
+    """Split the model's layers (name -> spec) into KV-cache groups.
+
+    One group when every layer's spec is the same (most models); otherwise
+    one group per kind of layer and per ``group_size`` layers of it. With
+    ``disable_hybrid_kv_cache_manager`` sliding-window layers are managed
+    as full attention, so a hybrid model gets one group.
+    """
+    if disable_hybrid_kv_cache_manager:
+        unify_hybrid_kv_cache_specs(kv_cache_spec)
+    if not kv_cache_spec:
+        return []
+    if is_kv_cache_spec_uniform(kv_cache_spec):
+        return create_kv_cache_group_specs(kv_cache_spec, [list(kv_cache_spec)])
+    if len({spec.page_size_bytes for spec in kv_cache_spec.values()}) != 1:
+        raise ValueError("mini_vllm groups layers of one page size only (no page unification)")
+    return _get_kv_cache_groups_uniform_page_size(kv_cache_spec)
+
+
+def get_kv_cache_config_from_groups(
+    kv_cache_groups: list[KVCacheGroupSpec],
+    available_memory: int,
+    num_gpu_blocks_override: int | None = None,
+) -> KVCacheConfig:
+    """How many blocks ``available_memory`` bytes hold, and the tensors.
+
+    Every group shares one pool of blocks: there are ``group_size`` (the
+    largest group's layer count) tensors, tensor ``i`` shared by layer ``i``
+    of every group, each ``num_blocks`` pages. A block id therefore costs
+    ``group_size`` pages, whichever group holds it.
+    """
+    if not kv_cache_groups:
+        return KVCacheConfig(num_blocks=1, kv_cache_tensors=[], kv_cache_groups=[])
+    group_size = max(len(group.layer_names) for group in kv_cache_groups)
+    page_sizes = {group.kv_cache_spec.page_size_bytes for group in kv_cache_groups}
+    assert len(page_sizes) == 1, "every KV-cache group must have the same page size"
+    page_size = page_sizes.pop()
+    num_blocks = get_num_blocks(group_size, available_memory, page_size, num_gpu_blocks_override)
+    tensors = [
+        KVCacheTensor(
+            size=page_size * num_blocks,
+            shared_by=[g.layer_names[i] for g in kv_cache_groups if i < len(g.layer_names)],
+        )
+        for i in range(group_size)
+    ]
+    return KVCacheConfig(num_blocks, tensors, kv_cache_groups)
