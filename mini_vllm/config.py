@@ -176,6 +176,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
 
     def __post_init__(self) -> None:
+        # Check the given bounds before one is copied into the other, so that
+        # an error names the field that was set.
+        self._verify_ints(allow_none=True)
         if self.prompt_lookup_min is None and self.prompt_lookup_max is None:
             self.prompt_lookup_min = self.prompt_lookup_max = 5
         elif self.prompt_lookup_min is None:
@@ -186,7 +189,8 @@ class SpeculativeConfig:
     @classmethod
     def from_dict(cls, config: object) -> SpeculativeConfig:
         """``LLM(speculative_config={...})``: a dict of these fields, and
-        nothing else (upstream's other fields serve drafters mini_vllm lacks)."""
+        nothing else (upstream's other fields serve drafters mini_vllm lacks).
+        Checked here, so that a bad value fails before the model loads."""
         names = [f.name for f in fields(cls)]
         if not isinstance(config, dict):
             raise ValueError(
@@ -198,23 +202,46 @@ class SpeculativeConfig:
             raise ValueError(
                 f"speculative_config has unsupported keys {unknown}; mini_vllm knows {names}."
             )
-        return cls(**config)
+        spec = cls(**config)
+        spec.verify()
+        return spec
 
     def verify(self) -> None:
+        """Each field's type, then its range, in one line naming the field.
+
+        Upstream's pydantic checks the same bounds (num_speculative_tokens
+        > 0, each lookup bound >= 1: vllm/config/speculative.py:80, :140,
+        :143) but coerces "3", 3.0 and True to ints; mini_vllm refuses
+        anything that is not an int, as its SamplingParams does."""
         if self.method != "ngram":
             raise ValueError(
-                f"only the 'ngram' speculative method exists here, got {self.method!r}."
+                "speculative_config.method must be 'ngram' (the only method mini_vllm "
+                f"has), got {self.method!r}."
             )
-        if self.num_speculative_tokens is None or self.num_speculative_tokens < 1:
+        if self.num_speculative_tokens is None:
             raise ValueError(
-                f"num_speculative_tokens must be at least 1, got {self.num_speculative_tokens}."
+                "speculative_config.num_speculative_tokens is required (an integer >= 1)."
             )
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+        self._verify_ints(allow_none=False)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(
-                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
-                f"prompt_lookup_min={self.prompt_lookup_min}, "
-                f"prompt_lookup_max={self.prompt_lookup_max}."
+                f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                f"prompt_lookup_max ({self.prompt_lookup_max})."
             )
+
+    def _verify_ints(self, allow_none: bool) -> None:
+        """Each integer field is an int >= 1 (or None while defaults are unset)."""
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if value is None and allow_none:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(
+                    f"speculative_config.{name} must be an integer, got "
+                    f"{type(value).__name__} {value!r}."
+                )
+            if value < 1:
+                raise ValueError(f"speculative_config.{name} must be at least 1, got {value}.")
 
 
 @dataclass

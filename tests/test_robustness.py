@@ -91,6 +91,10 @@ BAD_PROMPTS = [
     ),
     ("some text", ValueError, "This model has no tokenizer"),
     ({"text": "x"}, ValueError, "A prompt dict needs 'prompt' or 'prompt_token_ids'"),
+    # Token ids under 'prompt' used to run; upstream refuses them
+    # (vllm/renderers/inputs/preprocess.py:128).
+    ({"prompt": [5, 6]}, ValueError, "A prompt dict's 'prompt' must be a string .*got list"),
+    ({"prompt": {"prompt_token_ids": [5]}}, ValueError, "'prompt' must be a string .*got dict"),
     (7, ValueError, "prompts must be a string, a prompt dict or a list of them, got int"),
     (None, ValueError, "prompts must be a string, a prompt dict or a list of them, got NoneType"),
 ]
@@ -102,6 +106,19 @@ BAD_PROMPTS = [
 def test_bad_prompt_is_rejected_and_the_engine_stays_whole(llm, hf_tokens, prompt, error, message):
     with pytest.raises(error, match=message):
         llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert_whole(llm, hf_tokens)
+
+
+@pytest.mark.parametrize(("text", "reported"), [("hello", "hello"), ("", None)])
+def test_a_prompt_dict_with_text_and_ids_runs_the_ids(llm, hf_tokens, text, reported):
+    """Upstream runs the ids and reports the text as given, an empty one as
+    None (vllm/renderers/base.py:458, :730-731; compared live in
+    tests/upstream/test_prompt_dict_oracle.py)."""
+    prompt = {"prompt": text, "prompt_token_ids": NORMAL}
+    (out,) = llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert out.prompt_token_ids == NORMAL
+    assert out.outputs[0].token_ids == hf_tokens(NORMAL)
+    assert out.prompt == reported
     assert_whole(llm, hf_tokens)
 
 
@@ -178,6 +195,43 @@ def test_params_that_are_not_sampling_params_are_a_type_error(llm, hf_tokens):
     with pytest.raises(TypeError, match="params must be a SamplingParams, but got dict"):
         llm.generate({"prompt_token_ids": NORMAL}, [{"temperature": 0}], use_tqdm=False)
     assert_whole(llm, hf_tokens)
+
+
+BAD_SPECULATIVE_CONFIGS = [
+    ({"num_speculative_tokens": "3"}, "num_speculative_tokens must be an integer, got str '3'"),
+    ({"num_speculative_tokens": 2.5}, "num_speculative_tokens must be an integer, got float"),
+    ({"num_speculative_tokens": True}, "num_speculative_tokens must be an integer, got bool"),
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens must be at least 1, got 0"),
+    ({"method": "ngram"}, "num_speculative_tokens is required"),
+    ({"num_speculative_tokens": 3, "method": 5}, "method must be 'ngram' .*got 5"),
+    ({"num_speculative_tokens": 3, "method": "eagle"}, "method must be 'ngram' .*got 'eagle'"),
+    (
+        {"num_speculative_tokens": 3, "prompt_lookup_min": "2"},
+        "prompt_lookup_min must be an integer, got str '2'",
+    ),
+    (
+        {"num_speculative_tokens": 3, "prompt_lookup_max": [4]},
+        "prompt_lookup_max must be an integer, got list",
+    ),
+    ({"num_speculative_tokens": 3, "prompt_lookup_max": 0}, "prompt_lookup_max must be at least 1"),
+    (
+        {"num_speculative_tokens": 3, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+        "prompt_lookup_min \\(4\\) must be <= prompt_lookup_max \\(2\\)",
+    ),
+    ({"num_speculative_tokens": 3, "draft_model": "x"}, "unsupported keys \\['draft_model'\\]"),
+    ([3], " must be a dict with keys from"),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"), BAD_SPECULATIVE_CONFIGS, ids=[repr(s) for s, _ in BAD_SPECULATIVE_CONFIGS]
+)
+def test_bad_speculative_config_is_refused_naming_the_field_before_loading(spec, message):
+    """One line naming the field, as SamplingParams' checks; the model path does
+    not exist, so an error about the config proves it was checked first."""
+    with pytest.raises(ValueError, match=f"speculative_config.*{message}") as err:
+        LLM("/nonexistent/model", speculative_config=spec)
+    assert "\n" not in str(err.value)
 
 
 def test_max_model_len_beyond_the_position_embeddings_is_refused(tiny_qwen3, llm, hf_tokens):

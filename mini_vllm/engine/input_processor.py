@@ -6,10 +6,13 @@ prompt checks in ``_validate_prompt_len`` :379 and ``_validate_model_input``
 :426) at v0.22.1. Left out: multimodal inputs, LoRA, pooling, prompt
 embeddings.
 
-What it does for each request, in upstream's order: check the sampling
-parameters against the model (no more than ``max_logprobs`` logprobs);
-tokenize a text prompt; reject an empty prompt, one that leaves no room for
-output within max_model_len, and a token id outside the model's vocabulary;
+What it does for each request: check that ``priority`` is an int and
+``arrival_time`` a finite number or None (upstream only annotates these
+types; a string would break the priority queue's ordering later); then, in
+upstream's order, check the sampling parameters against the model (no more
+than ``max_logprobs`` logprobs); tokenize a text prompt; reject an empty
+prompt, one that leaves no room for output within max_model_len, and a
+token id outside the model's vocabulary;
 copy the sampling parameters (the caller's object is never changed), fill
 ``max_tokens`` when unset (max_model_len - prompt length, as upstream), and
 record the model's EOS token; attach the block hasher for prefix caching;
@@ -20,6 +23,9 @@ turn ``bad_words`` into token ids with the tokenizer (bad words need one);
 check a structured-output constraint parses (``_validate_structured_outputs``:
 a bad JSON schema, regex or grammar raises ValueError here, before the
 request reaches the engine, as upstream's ``_validate_params`` does).
+
+A prompt dict with both ``prompt`` and ``prompt_token_ids`` runs the ids
+and reports the text as given, as upstream; ``prompt`` alone must be a string.
 
 A ``max_tokens`` that reaches past max_model_len is accepted, as upstream:
 the scheduler ends the request at max_model_len (finish reason "length").
@@ -33,8 +39,9 @@ UPSTREAM_PIN.md).
 from __future__ import annotations
 
 import copy
+import math
 import time
-from numbers import Integral
+from numbers import Integral, Real
 
 from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
 from mini_vllm.request import Request
@@ -76,8 +83,17 @@ class InputProcessor:
                         "prompt_token_ids must be a list of token ids, got "
                         f"{type(token_ids).__name__}."
                     )
-                return prompt.get("prompt"), list(token_ids)
+                # Both keys: the ids run and the text is reported as given, as
+                # upstream's renderer does (vllm/renderers/base.py:458, :730).
+                return prompt.get("prompt") or None, list(token_ids)
             if "prompt" in prompt:
+                if not isinstance(prompt["prompt"], str):
+                    # upstream: "Prompt text should be a string"
+                    # (vllm/renderers/inputs/preprocess.py:128)
+                    raise ValueError(
+                        "A prompt dict's 'prompt' must be a string (token ids go in "
+                        f"'prompt_token_ids'), got {type(prompt['prompt']).__name__}."
+                    )
                 return self.tokenize(prompt["prompt"])
             raise ValueError(
                 f"A prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}."
@@ -125,6 +141,21 @@ class InputProcessor:
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> tuple[str | None, Request]:
+        if isinstance(priority, bool) or not isinstance(priority, Integral):
+            # upstream's type: ``priority: int`` (vllm/v1/engine/input_processor.py:244)
+            raise ValueError(
+                f"Request {request_id!r}: priority must be an integer, got "
+                f"{type(priority).__name__} {priority!r}."
+            )
+        if arrival_time is not None and (
+            isinstance(arrival_time, bool)
+            or not isinstance(arrival_time, Real)
+            or not math.isfinite(arrival_time)
+        ):
+            raise ValueError(
+                f"Request {request_id!r}: arrival_time must be a finite number or None, got "
+                f"{type(arrival_time).__name__} {arrival_time!r}."
+            )
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -164,8 +195,8 @@ class InputProcessor:
             request_id=request_id,
             prompt_token_ids=token_ids,
             sampling_params=params,
-            arrival_time=arrival_time if arrival_time is not None else time.time(),
-            priority=priority,
+            arrival_time=float(arrival_time) if arrival_time is not None else time.time(),
+            priority=int(priority),
             block_hasher=self.block_hasher,
         )
         return prompt_text, request

@@ -39,6 +39,7 @@ from mini_vllm.config import (
     verify_logprobs_mode,
 )
 from mini_vllm.engine.llm_engine import LLMEngine, resolve_device, resolve_dtype
+from mini_vllm.entrypoints.chat_utils import parse_chat_messages
 from mini_vllm.outputs import RequestOutput
 from mini_vllm.sampling_params import SamplingParams
 
@@ -86,7 +87,13 @@ class LLM:
     ) -> None:
         from mini_vllm.model_executor.model_loader import load_model
 
-        verify_logprobs_mode(logprobs_mode)  # before minutes of loading, not after
+        # Checked before minutes of loading, not after.
+        verify_logprobs_mode(logprobs_mode)
+        # e.g. {"method": "ngram", "num_speculative_tokens": 3,
+        # "prompt_lookup_min": 2, "prompt_lookup_max": 4}, as upstream's.
+        spec_config = (
+            None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
+        )
         torch_device = resolve_device(device)
         loaded = load_model(model, device=torch_device, dtype=resolve_dtype(dtype, torch_device))
         if max_model_len is None:
@@ -133,11 +140,7 @@ class LLM:
             ),
             device_config=DeviceConfig(device=device),
             attention_config=AttentionConfig(backend=attention_backend),
-            # e.g. {"method": "ngram", "num_speculative_tokens": 3,
-            # "prompt_lookup_min": 2, "prompt_lookup_max": 4}, as upstream's.
-            speculative_config=None
-            if speculative_config is None
-            else SpeculativeConfig.from_dict(speculative_config),
+            speculative_config=spec_config,
         )
         self.llm_engine = LLMEngine(config, loaded)
         self.request_counter = itertools.count()
@@ -201,11 +204,27 @@ class LLM:
         self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True
     ) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"}) or a list of them,
-        rendered with the model's chat template."""
+        rendered with the model's chat template.
+
+        Every message is checked first (``chat_utils.parse_chat_messages``,
+        upstream's rules): a malformed one raises a ValueError naming it
+        before any template runs; ``content`` None or missing is "".
+        """
         tokenizer = self.get_tokenizer()
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ValueError("This model has no chat template.")
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not isinstance(messages, list):
+            raise ValueError(
+                "messages must be a list of message dicts (one conversation) or a list of "
+                f"such lists, got {type(messages).__name__}."
+            )
+        # upstream's conversation_to_seq (vllm/renderers/inputs/preprocess.py:59)
+        if messages and isinstance(messages[0], dict):
+            conversations = [parse_chat_messages(messages)]
+        else:
+            conversations = [
+                parse_chat_messages(conv, f"messages[{c}]") for c, conv in enumerate(messages)
+            ]
         prompts = [
             {
                 "prompt_token_ids": tokenizer.apply_chat_template(
