@@ -122,9 +122,10 @@ class Scheduler(_reference.Scheduler):
             # BEGIN LAB 08.1: the drafts that fit go into scheduled_spec_decode_tokens
             # HINT: receives request (scheduled: its num_computed_tokens not yet advanced) and
             # HINT: num_new_tokens; fills scheduled_spec_decode_tokens. Of num_new_tokens, those
-            # HINT: past request.num_tokens are drafts: schedule that many of spec_token_ids
-            # HINT: (none if that is 0 or less). Then clear request.spec_token_ids: fresh
-            # HINT: drafts arrive through update_draft_token_ids after the step.
+            # HINT: past request.num_tokens and its placeholders (async scheduling, 0 here) are
+            # HINT: drafts: schedule that many of spec_token_ids (none if that is 0 or less).
+            # HINT: Then clear request.spec_token_ids: fresh drafts arrive through
+            # HINT: update_draft_token_ids after the step.
             raise NotImplementedError(
                 "Lab 08.1: the drafts that fit go into scheduled_spec_decode_tokens "
                 "(labs/phase_08/scheduler.py)"
@@ -266,7 +267,8 @@ class Scheduler(_reference.Scheduler):
             # HINT: spec_decoding_stats (updated through self.make_spec_decoding_stats).
             # HINT: only for a request that had drafts scheduled and got tokens back: of
             # HINT: len(new_token_ids) tokens, one is the target's own, the rest accepted
-            # HINT: drafts. Take the REJECTED drafts off num_computed_tokens (if above 0).
+            # HINT: drafts. Take the REJECTED drafts off num_computed_tokens (if above 0), and
+            # HINT: off num_output_placeholders (if above 0: async scheduling, 0 here).
             raise NotImplementedError(
                 "Lab 08.1: roll back the rejected drafts and count them in the stats "
                 "(labs/phase_08/scheduler.py)"

@@ -126,7 +126,10 @@ class Scheduler(_reference.Scheduler):
             # (mirrors vllm/v1/core/sched/scheduler.py:502-517)
             if request.spec_token_ids:
                 num_scheduled_spec_tokens = (
-                    num_new_tokens + request.num_computed_tokens - request.num_tokens
+                    num_new_tokens
+                    + request.num_computed_tokens
+                    - request.num_tokens
+                    - request.num_output_placeholders
                 )
                 if num_scheduled_spec_tokens > 0:
                     scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[
@@ -338,8 +341,12 @@ class Scheduler(_reference.Scheduler):
             if scheduled_spec_token_ids and new_token_ids:
                 num_draft_tokens = len(scheduled_spec_token_ids)
                 num_accepted = len(new_token_ids) - 1
+                num_rejected = num_draft_tokens - num_accepted
                 if request.num_computed_tokens > 0:
-                    request.num_computed_tokens -= num_draft_tokens - num_accepted
+                    request.num_computed_tokens -= num_rejected
+                # Async scheduling counted the drafts as placeholders too.
+                if request.num_output_placeholders > 0:
+                    request.num_output_placeholders -= num_rejected
                 spec_decoding_stats = self.make_spec_decoding_stats(
                     spec_decoding_stats, num_draft_tokens, num_accepted
                 )

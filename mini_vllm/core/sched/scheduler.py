@@ -244,12 +244,16 @@ class Scheduler(SchedulerInterface):
             # BEGIN LAB 08.1: the drafts that fit go into scheduled_spec_decode_tokens
             # HINT: receives request (scheduled: its num_computed_tokens not yet advanced) and
             # HINT: num_new_tokens; fills scheduled_spec_decode_tokens. Of num_new_tokens, those
-            # HINT: past request.num_tokens are drafts: schedule that many of spec_token_ids
-            # HINT: (none if that is 0 or less). Then clear request.spec_token_ids: fresh
-            # HINT: drafts arrive through update_draft_token_ids after the step.
+            # HINT: past request.num_tokens and its placeholders (async scheduling, 0 here) are
+            # HINT: drafts: schedule that many of spec_token_ids (none if that is 0 or less).
+            # HINT: Then clear request.spec_token_ids: fresh drafts arrive through
+            # HINT: update_draft_token_ids after the step.
             if request.spec_token_ids:
                 num_scheduled_spec_tokens = (
-                    num_new_tokens + request.num_computed_tokens - request.num_tokens
+                    num_new_tokens
+                    + request.num_computed_tokens
+                    - request.num_tokens
+                    - request.num_output_placeholders
                 )
                 if num_scheduled_spec_tokens > 0:
                     scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[
@@ -612,13 +616,18 @@ class Scheduler(SchedulerInterface):
             # HINT: spec_decoding_stats (updated through self.make_spec_decoding_stats).
             # HINT: only for a request that had drafts scheduled and got tokens back: of
             # HINT: len(new_token_ids) tokens, one is the target's own, the rest accepted
-            # HINT: drafts. Take the REJECTED drafts off num_computed_tokens (if above 0).
+            # HINT: drafts. Take the REJECTED drafts off num_computed_tokens (if above 0), and
+            # HINT: off num_output_placeholders (if above 0: async scheduling, 0 here).
             scheduled_spec_token_ids = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
             if scheduled_spec_token_ids and new_token_ids:
                 num_draft_tokens = len(scheduled_spec_token_ids)
                 num_accepted = len(new_token_ids) - 1
+                num_rejected = num_draft_tokens - num_accepted
                 if request.num_computed_tokens > 0:
-                    request.num_computed_tokens -= num_draft_tokens - num_accepted
+                    request.num_computed_tokens -= num_rejected
+                # Async scheduling counted the drafts as placeholders too.
+                if request.num_output_placeholders > 0:
+                    request.num_output_placeholders -= num_rejected
                 spec_decoding_stats = self.make_spec_decoding_stats(
                     spec_decoding_stats, num_draft_tokens, num_accepted
                 )
