@@ -295,3 +295,77 @@ def test_results_that_cannot_be_written_are_refused_before_grading(pristine, tmp
     assert proc.returncode != 0
     assert "--results" in proc.stderr and str(bad) in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "passed" not in proc.stdout, proc.stdout[-2000:]
+
+
+POOL = Path("phase_02/block_pool.py")  # Lab 02.2's starter
+BROKEN_POOL = (  # a bug: every allocation fails
+    "\n\ndef _planted(self, num_blocks):\n"
+    "    raise RuntimeError('a planted bug')\n\n\n"
+    "BlockPool.get_new_blocks = _planted\n"
+)
+REBIND_THE_GRADER = (  # what a lab could do to its grader
+    "\nimport mini_vllm.grading.kv_checks as _kc\n\n"
+    "_kc.snapshot_mismatch = _kc.reference_mismatch = lambda *a, **k: None\n"
+    "_kc.expect_raises = lambda *a, **k: None\n"
+)
+
+
+def test_a_lab_cannot_raise_its_grade_by_rebinding_the_grader(pristine, tmp_path):
+    """A lab 02.2 whose allocation fails, graded twice: as it is, and with
+    the grader's checks rebound at its import. The second must not score
+    more than the first, and says what was changed."""
+    selected = ["--", "-k", "beyond_the_free_count or test_snapshot"]
+    scores, outputs = {}, {}
+    for name, extra in (("bug", ""), ("bug and rebinding", REBIND_THE_GRADER)):
+        labs = Path(shutil.copytree(pristine, tmp_path / name.replace(" ", "-")))
+        with (labs / POOL).open("a") as f:
+            f.write(BROKEN_POOL + extra)
+        proc = check("02.2", "--labs-dir", str(labs), *selected, cwd=tmp_path)
+        assert proc.returncode == 1, proc.stdout[-3000:]
+        results = json.loads((tmp_path / "results.json").read_text())
+        scores[name] = results["score"]
+        outputs[name] = [t["output"] for t in results["tests"]]
+    assert scores["bug and rebinding"] <= scores["bug"] == 0, scores
+    rebound = [o for o in outputs["bug and rebinding"] if "changed the grader" in o]
+    assert rebound and "kv_checks.snapshot_mismatch" in rebound[0], outputs
+
+
+LOADED_SUITE = """
+import pytest
+
+@pytest.mark.timeout({limit})
+def test_fixed_work():
+    total = 0
+    for i in range({iterations}):
+        total += i
+"""
+
+
+def test_a_busy_machine_does_not_turn_a_correct_lab_into_a_hang(tmp_path):
+    """A graded test doing about 1 s of work, under a 2 s limit, while
+    2 busy processes per core run beside it (a laptop at load average 5+
+    on 2 cores): it passes, because the limit is kept on time the test
+    got, not on the wall clock (mini_vllm/grading/clock.py). On the wall
+    clock it took 3 s or more and was reported as hung."""
+    from mini_vllm.grading import run
+
+    start, iterations = time.process_time(), 0
+    while time.process_time() - start < 0.2:  # the loop's rate, in CPU time
+        iterations += sum(1 for _ in range(100_000))
+    lab = tmp_path / "phases" / "99-load" / "labs" / "lab-01-work"
+    lab.mkdir(parents=True)
+    (lab.parents[1] / "conftest.py").write_text("from mini_vllm.grading.plugin import *\n")
+    (lab / "test_lab01_work.py").write_text(LOADED_SUITE.format(limit=2, iterations=iterations * 5))
+    hog = [sys.executable, "-c", "while True: pass"]
+    hogs = [subprocess.Popen(hog) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        wall = time.monotonic()
+        outcome = run.grade(lab.parents[1], ["-p", "no:xdist"])
+        wall = time.monotonic() - wall
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    (test,) = outcome.results["tests"]
+    assert test["status"] == "passed", (wall, test["output"])
+    assert not outcome.hung and outcome.complete

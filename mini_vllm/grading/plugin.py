@@ -36,6 +36,8 @@ from pathlib import Path
 import pytest
 
 from mini_vllm.grading import impl as impl_mod
+from mini_vllm.grading.clock import TestClock
+from mini_vllm.grading.integrity import Seal
 from mini_vllm.grading.regions import REPO_ROOT
 
 # Most graded tests take well under a second on the reference; this leaves
@@ -52,6 +54,7 @@ __all__ = [
     "pytest_collection_modifyitems",
     "pytest_runtest_setup",
     "pytest_runtest_call",
+    "pytest_runtest_teardown",
     "pytest_runtest_logreport",
     "pytest_collection_finish",
     "pytest_terminal_summary",
@@ -210,7 +213,9 @@ def pytest_runtest_call(item):
 
 @contextlib.contextmanager
 def alarm(item):
-    """Raise LabTimeout in the test once it runs past its limit, naming where it was."""
+    """Raise LabTimeout in the test once it has had more than its limit (on
+    clock.py's clock: time waiting for a busy CPU is not counted), naming
+    where it was."""
     seconds = time_limit(item)
     usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
     if not usable:
@@ -232,13 +237,41 @@ def alarm(item):
         _event(item.config, event="hung", nodeid=item.nodeid, output=message)
         raise LabTimeout(message)
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
+    clock = TestClock()
+
+    def on_timer(signum, frame):
+        # The wall clock ran out; the time this test got (clock.py) may not have.
+        left = seconds - clock.elapsed()
+        if left > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.2))
+            return
+        on_alarm(signum, frame)
+
+    previous = signal.signal(signal.SIGALRM, on_timer)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Once the test's fixtures are torn down: did the code under grade
+    change the grader (integrity.py)? Put it back and fail the test."""
+    result = yield
+    seal = _STATE.get("seal")
+    changed = seal.broken() if seal is not None else []
+    if changed:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        pytest.fail(
+            f"the code under grade changed the grader: {', '.join(changed[:3])}{more}. "
+            "The grader put it back, and this test earns nothing: a lab is graded by the "
+            "grader's checks, so leave its modules (and pytest's) alone.",
+            pytrace=False,
+        )
+    return result
 
 
 def _message(report) -> str:
@@ -290,6 +323,9 @@ def pytest_collection_finish(session):
             "whole_phase": item.get_closest_marker("phase") is not None,
         }
     _event(session.config, event="collected", tests=by_id)
+    # Before the first test: code under grade is loaded only inside tests.
+    _STATE["seal"] = seal = Seal()
+    seal.record_new_modules()
 
 
 _STATE: dict = {}

@@ -6,7 +6,8 @@ it; code that catches ``BaseException`` can swallow that, and Ctrl-C too.
 So pytest runs in a child process that logs each test's start, hang and
 result (``--grading-events``), and this module watches it:
 
-- a test still running ``GRACE`` seconds past its limit is stopped (SIGTERM,
+- a test still running ``GRACE`` seconds past its limit (on clock.py's
+  clock, which leaves out time spent waiting for a busy CPU) is stopped (SIGTERM,
   which dumps every thread's stack first; then SIGKILL). The test fails
   naming the function it was stuck in, its lab's other tests fail at once,
   and a new child grades the tests not yet run, so the other labs are still
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mini_vllm.grading import impl as impl_mod
+from mini_vllm.grading.clock import TestClock
 from mini_vllm.grading.plugin import results_of
 from mini_vllm.grading.regions import REPO_ROOT
 
@@ -117,12 +119,13 @@ def watch(child: subprocess.Popen, events: Path) -> tuple[str, float, str] | Non
     """Wait for ``child``; None when it ended on its own. A test whose setup
     or body runs ``GRACE`` seconds past its limit stops it: returns what
     ``current_test`` said."""
-    seen, started = None, 0.0
+    seen, clock = None, TestClock(child.pid)
     while child.poll() is None:
         running = current_test(events)
         if running != seen:
-            seen, started = running, time.monotonic()
-        if running and time.monotonic() - started > running[1] + GRACE:
+            seen = running
+            clock.restart()
+        if running and clock.elapsed() > running[1] + GRACE:
             stop(child)
             return running
         time.sleep(0.2)
