@@ -292,11 +292,9 @@ def test_errors_are_openai_shaped_and_the_server_keeps_serving(client, server, l
     assert_openai_error(httpx.post(url, json={"model": MODEL_NAME}), 400)
     chat_url = f"{server.url}/v1/chat/completions"
     assert_openai_error(
-        httpx.post(
-            chat_url, json={"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
-        ),
+        httpx.post(chat_url, json={"messages": [{"role": "user", "content": "hi"}], "tools": []}),
         400,
-        "logprobs",
+        "tools",
     )
     got = client.completions.create(
         model=MODEL_NAME, prompt=PROMPTS[0], temperature=0, max_tokens=5
@@ -495,3 +493,320 @@ def test_the_serving_benchmark_runs_and_counts_every_token():
     assert table.endswith(
         f"torch threads {report['torch_threads']}, load average {report['load_average_1m']:.2f}"
     )
+
+
+# --------------------------------------------- issue 29: the server as clients use it
+
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def reference_chat(llm: LLM, messages=CHAT, **params):
+    return llm.chat(messages, SamplingParams(**params), use_tqdm=False)[0]
+
+
+def test_chat_max_completion_tokens_zero_is_refused_not_unlimited(client, server):
+    """Item 1. Upstream passes 0 on (`is not None`, chat_completion/serving.py:294) and
+    SamplingParams refuses max_tokens < 1 (vllm/sampling_params.py:500): a 400."""
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be at least 1"):
+        client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_completion_tokens=0)
+    # 0 is a value, not "unset": it wins over max_tokens as any other value would.
+    body = {"messages": CHAT, "max_completion_tokens": 0, "max_tokens": 5, "stream": True}
+    assert_openai_error(httpx.post(f"{server.url}/v1/chat/completions", json=body), 400)
+    wait_until_idle(server.engine)
+    assert all_blocks_free(server.engine)
+
+
+STREAM_REFUSALS = [
+    # (endpoint, body, param): each a 400 before the first byte, as upstream where it can.
+    ("completions", {"prompt": "", "stream": True}, None),
+    ("completions", {"prompt": "x", "stream": True, "logprobs": 50}, None),
+    ("completions", {"prompt": "x", "stream": True, "max_tokens": 0}, None),
+    ("completions", {"prompt": [[]], "stream": True}, None),
+    (
+        "chat/completions",
+        {"messages": CHAT, "stream": True, "logprobs": True, "top_logprobs": 50},
+        None,
+    ),
+    (
+        "completions",
+        {"prompt": "x", "stream": True, "structured_outputs": {"regex": "(unclosed"}},
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body", "param"), STREAM_REFUSALS)
+def test_a_stream_that_cannot_run_is_a_400_before_the_stream_starts(server, endpoint, body, param):
+    """Item 2: everything that can be validated is, before the first byte of a stream."""
+    with httpx.stream("POST", f"{server.url}/v1/{endpoint}", json=body) as response:
+        response.read()
+    assert not response.headers["content-type"].startswith("text/event-stream"), response.text
+    assert_openai_error(response, 400, param)
+
+
+def test_the_openai_client_gets_an_empty_prompt_refused(client):
+    with pytest.raises(openai.BadRequestError, match="non-empty"):
+        client.completions.create(model=MODEL_NAME, prompt="", stream=True)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
+def test_stream_options_without_stream_is_refused_naming_it(server, endpoint):
+    """Item 3: upstream's validate_stream_options (completion/protocol.py:425-434)."""
+    body = {"stream_options": {"include_usage": True}}
+    body.update({"prompt": "x"} if endpoint == "completions" else {"messages": CHAT})
+    assert_openai_error(httpx.post(f"{server.url}/v1/{endpoint}", json=body), 400, "stream_options")
+    body["stream"] = False
+    assert_openai_error(httpx.post(f"{server.url}/v1/{endpoint}", json=body), 400, "stream_options")
+
+
+def test_response_format_text_is_plain_generation(client, llm):
+    """Item 4: `{"type": "text"}` is OpenAI's default; upstream's ResponseFormat takes it."""
+    want = reference_chat(llm, temperature=0, max_tokens=8)
+    got = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=CHAT,
+        temperature=0,
+        max_tokens=8,
+        response_format={"type": "text"},
+    )
+    assert got.choices[0].message.content == want.outputs[0].text
+    plain = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPTS[0],
+        temperature=0,
+        max_tokens=5,
+        extra_body={"response_format": {"type": "text"}},
+    )
+    assert (
+        plain.choices[0].text
+        == reference(llm, PROMPTS[0], temperature=0, max_tokens=5).outputs[0].text
+    )
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["Paris", "Rome"]}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_outputs_over_http_equal_the_engines(client, llm):
+    """Item 5: response_format json_schema / json_object and vLLM's structured_outputs
+    reach the engine's StructuredOutputsParams as upstream's to_sampling_params maps them
+    (chat_completion/protocol.py:578-608)."""
+    from mini_vllm.sampling_params import StructuredOutputsParams
+
+    cases = [
+        (
+            {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}},
+            StructuredOutputsParams(json=SCHEMA),
+        ),
+        ({"type": "json_object"}, StructuredOutputsParams(json_object=True)),
+    ]
+    for response_format, constraint in cases:
+        want = reference_chat(llm, temperature=0, max_tokens=24, structured_outputs=constraint)
+        got = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=CHAT,
+            temperature=0,
+            max_tokens=24,
+            response_format=response_format,
+        )
+        assert got.choices[0].message.content == want.outputs[0].text, response_format
+        assert got.choices[0].finish_reason == want.outputs[0].finish_reason
+    choice = ["maybe", "never"]
+    want = reference(
+        llm,
+        PROMPTS[1],
+        temperature=0,
+        max_tokens=8,
+        structured_outputs=StructuredOutputsParams(choice=choice),
+    ).outputs[0]
+    got = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPTS[1],
+        temperature=0,
+        max_tokens=8,
+        extra_body={"structured_outputs": {"choice": choice}},
+    ).choices[0]
+    assert got.text == want.text and got.text in choice
+    streamed = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPTS[1],
+        temperature=0,
+        max_tokens=8,
+        stream=True,
+        extra_body={"structured_outputs": {"choice": choice}},
+    )
+    assert "".join(c.choices[0].text for c in streamed) == want.text
+
+
+def test_a_bad_schema_is_a_400_for_that_request_only(client, server, llm):
+    url = f"{server.url}/v1/chat/completions"
+    bad_schema = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+    }
+    for body in [
+        {"messages": CHAT, "response_format": bad_schema},
+        {"messages": CHAT, "response_format": bad_schema, "stream": True},
+        {"messages": CHAT, "response_format": {"type": "json_schema"}},
+        {"messages": CHAT, "structured_outputs": {"choice": ["a"], "regex": "a"}},
+        {"messages": CHAT, "structured_outputs": {}},
+        {"messages": CHAT, "response_format": {"type": "xml"}},
+    ]:
+        assert_openai_error(httpx.post(url, json=body), 400)
+    assert_openai_error(
+        httpx.post(url, json={"messages": CHAT, "response_format": {"type": "json_schema"}}),
+        400,
+        "response_format",
+    )
+    want = reference_chat(llm, temperature=0, max_tokens=6)
+    got = client.chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, temperature=0, max_tokens=6
+    )
+    assert got.choices[0].message.content == want.outputs[0].text
+    wait_until_idle(server.engine)
+    assert all_blocks_free(server.engine)
+
+
+def test_chat_logprobs_are_the_engines_in_openais_shape(client, llm):
+    """Item 6: upstream's _create_chat_logprobs (chat_completion/serving.py:1467): per token
+    its text, logprob and UTF-8 bytes, and the first top_logprobs entries of the engine's
+    dict (the sampled token first)."""
+    want = reference_chat(llm, temperature=0, max_tokens=6, logprobs=2).outputs[0]
+    tokenizer = llm.get_tokenizer()
+    got = client.chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, temperature=0, max_tokens=6, logprobs=True, top_logprobs=2
+    ).choices[0]
+    content = got.logprobs.content
+    assert [c.token for c in content] == [tokenizer.decode([t]) for t in want.token_ids]
+    assert [c.logprob for c in content] == pytest.approx(
+        [step[t] for step, t in zip(want.logprobs, want.token_ids, strict=True)]
+    )
+    assert [c.bytes for c in content] == [list(c.token.encode()) for c in content]
+    for entry, step in zip(content, want.logprobs, strict=True):
+        assert [top.token for top in entry.top_logprobs] == [
+            tokenizer.decode([t]) for t in list(step)[:2]
+        ]
+        assert [top.logprob for top in entry.top_logprobs] == pytest.approx(list(step.values())[:2])
+    # logprobs without top_logprobs: each token's own logprob, no alternatives.
+    only = client.chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, temperature=0, max_tokens=6, logprobs=True
+    ).choices[0]
+    assert [c.logprob for c in only.logprobs.content] == pytest.approx([c.logprob for c in content])
+    assert all(c.top_logprobs == [] for c in only.logprobs.content)
+    streamed = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=CHAT,
+        temperature=0,
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=2,
+        stream=True,
+    )
+    streamed_content = [
+        entry
+        for chunk in streamed
+        if chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert [c.model_dump() for c in streamed_content] == [c.model_dump() for c in content]
+    plain = client.chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, temperature=0, max_tokens=6
+    ).choices[0]
+    assert plain.logprobs is None
+
+
+def test_top_logprobs_without_logprobs_is_refused_naming_it(server):
+    """Upstream's check_logprobs (chat_completion/protocol.py:686-716)."""
+    url = f"{server.url}/v1/chat/completions"
+    assert_openai_error(
+        httpx.post(url, json={"messages": CHAT, "top_logprobs": 2}), 400, "top_logprobs"
+    )
+    assert_openai_error(
+        httpx.post(url, json={"messages": CHAT, "logprobs": True, "top_logprobs": -2}),
+        400,
+        "top_logprobs",
+    )
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
+def test_health_answers_while_a_huge_prompt_is_tokenized(server, endpoint):
+    """Item 7: tokenization runs off the event loop. The tokenizer is held inside a
+    real 1 MB prompt's tokenization until /health has answered: on the event loop,
+    /health could not answer until tokenization ended."""
+    import threading
+
+    tokenizer = server.engine.tokenizer
+    name = "encode" if endpoint == "completions" else "apply_chat_template"
+    real = getattr(tokenizer, name)
+    entered, answered = threading.Event(), threading.Event()
+
+    def held(*args, **kwargs):
+        entered.set()
+        answered.wait(timeout=10)
+        return real(*args, **kwargs)
+
+    text = "The capital of France is Paris. " * (1 << 15)  # 1 MB
+    body = {"model": MODEL_NAME, "max_tokens": 4}
+    body.update(
+        {"prompt": text}
+        if endpoint == "completions"
+        else {"messages": [{"role": "user", "content": text}]}
+    )
+    setattr(tokenizer, name, held)
+    try:
+        with concurrent_post(f"{server.url}/v1/{endpoint}", body) as huge:
+            assert entered.wait(timeout=30), "the huge prompt never reached the tokenizer"
+            try:
+                health = httpx.get(f"{server.url}/health", timeout=5)
+            except httpx.TimeoutException:
+                health = None
+            answered.set()
+            response = huge.result(timeout=60)
+    finally:
+        delattr(tokenizer, name)
+    assert health is not None and health.status_code == 200, (
+        "/health did not answer while a prompt was being tokenized: tokenization blocks the "
+        "event loop"
+    )
+    assert_openai_error(response, 400)  # too long for the model, once tokenized
+
+
+class concurrent_post:
+    """POST in a worker thread; ``result`` waits for the response."""
+
+    def __init__(self, url: str, body: dict) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.future = self.pool.submit(httpx.post, url, json=body, timeout=60)
+
+    def __enter__(self):
+        return self.future
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown(wait=True)
+
+
+FRAMEWORK_ERRORS = [
+    ("POST", "/v1/completions", b'{"prompt": "\xff\xfe"}', 400),
+    ("POST", "/v1/chat/completions", b"\xff\xfe\xfd", 400),
+    ("GET", "/v1/no-such-route", None, 404),
+    ("POST", "/v2/completions", b"{}", 404),
+    ("GET", "/v1/completions", None, 405),
+    ("DELETE", "/health", None, 405),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "content", "status"), FRAMEWORK_ERRORS)
+def test_framework_errors_are_openai_shaped(server, method, path, content, status):
+    """Item 8: upstream answers these with Starlette's {"detail": ...}; mini_vllm uses
+    the one error shape everywhere."""
+    headers = {"content-type": "application/json"} if content is not None else {}
+    response = httpx.request(method, f"{server.url}{path}", content=content, headers=headers)
+    assert_openai_error(response, status)
+    if status == 405:
+        assert response.headers.get("allow"), "a 405 names the methods allowed"

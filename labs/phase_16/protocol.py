@@ -23,6 +23,9 @@ from typing import Any
 from mini_vllm.entrypoints.openai import protocol as _reference
 from mini_vllm.entrypoints.openai.protocol import (  # noqa: F401
     _SAMPLING_PARAMS_FIELDS,
+    ChatCompletionLogProb,
+    ChatCompletionLogProbs,
+    ChatCompletionLogProbsContent,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
@@ -38,12 +41,15 @@ from mini_vllm.entrypoints.openai.protocol import (  # noqa: F401
     DeltaMessage,
     ErrorInfo,
     ErrorResponse,
+    JsonSchemaResponseFormat,
     ModelCard,
     ModelList,
     OpenAIBaseModel,
+    ResponseFormat,
     StreamOptions,
     UnsupportedParameterError,
     UsageInfo,
+    VLLMValidationError,
     random_uuid,
 )
 

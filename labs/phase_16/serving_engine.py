@@ -25,6 +25,7 @@ from mini_vllm.entrypoints.openai.serving_engine import (  # noqa: F401
     SYSTEM_FINGERPRINT,
     NotFoundError,
     OpenAIServing,
+    make_async,
     merge_async_iterators,
     should_include_usage,
 )

@@ -13,9 +13,14 @@ handlers (``validation_exception_handler``
 Errors are the OpenAI JSON ``{"error": {"message", "type", "param", "code"}}``
 with the status in ``code``: a body that is not JSON or does not fit the
 request model is a 400 (FastAPI's RequestValidationError, as upstream turns
-it), an unknown model a 404, bad or unsupported values a 400, anything else a
-500; the server goes on serving. ``/metrics`` is the Prometheus text of
-``mini_vllm/metrics/loggers.py``.
+it, with ``param`` from a validator's ``VLLMValidationError``), an unknown
+model a 404, bad or unsupported values a 400, anything else a 500; the server
+goes on serving. Errors the framework raises itself (a body that is not
+UTF-8, an unknown route 404, a wrong method 405 with its ``Allow`` header) are
+Starlette's ``HTTPException``; upstream's handler is registered for FastAPI's
+subclass (vllm/entrypoints/openai/api_server.py:257), so they miss it and
+clients get ``{"detail": ...}`` there. mini_vllm gives them the same JSON.
+``/metrics`` is the Prometheus text of ``mini_vllm/metrics/loggers.py``.
 
 Left out: API keys, CORS, LoRA, tokenization/embedding/score/audio routes,
 multiple API server processes, SageMaker routes, the request logger.
@@ -29,12 +34,14 @@ import functools
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from mini_vllm.engine.async_llm import AsyncLLM, EngineGenerateError
 from mini_vllm.entrypoints.openai.protocol import (
@@ -44,6 +51,7 @@ from mini_vllm.entrypoints.openai.protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    VLLMValidationError,
 )
 from mini_vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from mini_vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -125,15 +133,27 @@ async def http_exception_handler(req: Request, exc: HTTPException) -> JSONRespon
             message=str(exc.detail), type=HTTPStatus(exc.status_code).phrase, code=exc.status_code
         )
     )
-    return JSONResponse(err.model_dump(), status_code=exc.status_code)
+    return JSONResponse(err.model_dump(), status_code=exc.status_code, headers=exc.headers)
 
 
 async def validation_exception_handler(req: Request, exc: RequestValidationError) -> JSONResponse:
+    # A validator that raised VLLMValidationError names the field.
+    param = next(
+        (
+            e["ctx"]["error"].parameter
+            for e in exc.errors()
+            if isinstance(e.get("ctx", {}).get("error"), VLLMValidationError)
+        ),
+        None,
+    )
     exc_str, errors_str = str(exc), str(exc.errors())
     message = f"{exc_str} {errors_str}" if exc.errors() and errors_str != exc_str else exc_str
     err = ErrorResponse(
         error=ErrorInfo(
-            message=message, type=HTTPStatus.BAD_REQUEST.phrase, code=HTTPStatus.BAD_REQUEST
+            message=message,
+            type=HTTPStatus.BAD_REQUEST.phrase,
+            code=HTTPStatus.BAD_REQUEST,
+            param=param,
         )
     )
     return JSONResponse(err.model_dump(), status_code=HTTPStatus.BAD_REQUEST)
@@ -166,8 +186,12 @@ def init_app_state(engine_client: AsyncLLM, state, args: argparse.Namespace) -> 
     state.engine_client = engine_client
     state.args = args
     state.served_model_names = served_model_names
-    state.openai_serving_completion = OpenAIServingCompletion(engine_client, served_model_names)
-    state.openai_serving_chat = OpenAIServingChat(engine_client, served_model_names)
+    # One thread prepares every request (tokenizing, off the event loop).
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve")
+    state.openai_serving_completion = OpenAIServingCompletion(
+        engine_client, served_model_names, executor
+    )
+    state.openai_serving_chat = OpenAIServingChat(engine_client, served_model_names, executor)
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -2,34 +2,46 @@
 
 Mirrors upstream ``vllm/entrypoints/openai/engine/protocol.py`` (``OpenAIBaseModel``
 :27, ``ErrorInfo`` :59, ``ErrorResponse`` :66, ``ModelCard`` :85, ``ModelList`` :96,
-``UsageInfo`` :105, ``StreamOptions`` :161, ``DeltaMessage`` :267) at v0.22.1, with
-``CompletionRequest`` (vllm/entrypoints/openai/completion/protocol.py:42),
+``UsageInfo`` :105, ``JsonSchemaResponseFormat`` :117, ``ResponseFormat`` :150,
+``StreamOptions`` :161, ``DeltaMessage`` :267) at v0.22.1, with
+``VLLMValidationError`` (vllm/exceptions.py:9), ``CompletionRequest``
+(vllm/entrypoints/openai/completion/protocol.py:42),
 ``CompletionLogProbs`` (vllm/entrypoints/openai/completion/protocol.py:466),
 ``CompletionStreamResponse`` (vllm/entrypoints/openai/completion/protocol.py:536)
 and the other completion responses beside them, ``ChatMessage``
-(vllm/entrypoints/openai/chat_completion/protocol.py:54) and the chat responses
-beside it. Response fields keep upstream's names, order and defaults, so that
-the streamed chunks are upstream's byte for byte; fields mini_vllm never sets
-(service tier, token ids, prompt logprobs, KV-transfer and routing fields) are
-left out of the models.
+(vllm/entrypoints/openai/chat_completion/protocol.py:54), the chat logprobs
+(``ChatCompletionLogProbs``, vllm/entrypoints/openai/chat_completion/protocol.py:80)
+and the chat responses beside them. Response
+fields keep upstream's names, order and defaults, so that the streamed chunks
+are upstream's byte for byte; fields mini_vllm never sets (service tier, token
+ids, prompt logprobs, KV-transfer and routing fields) are left out of the models.
 
 Requests: every field a client may send that mini_vllm's ``SamplingParams`` has
 is passed to it by name (``to_sampling_params``); when SamplingParams gains a
 field, declaring it here is the one line needed. A field mini_vllm cannot honour
 (``UNSUPPORTED``) is accepted at its default and refused otherwise with a 400
 naming it. Unknown fields are ignored, as upstream (``extra="allow"``).
+
+Upstream's request validators run as the body is parsed (a 400 before anything
+starts, a stream included): ``stream_options`` only with ``stream``, a
+``json_schema`` response format needs its schema, logprob counts not negative,
+chat ``top_logprobs`` only with ``logprobs``, a completion prompt not empty.
+Structured outputs come as upstream's: ``response_format`` (``json_schema`` /
+``json_object``; ``text`` is plain generation) or vLLM's ``structured_outputs``
+field, both becoming ``SamplingParams.structured_outputs``
+(``structural_tag`` is left out, as in Phase 12).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
-from dataclasses import fields
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mini_vllm.sampling_params import SamplingParams
+from mini_vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -54,12 +66,21 @@ class ErrorResponse(OpenAIBaseModel):
     error: ErrorInfo
 
 
-class UnsupportedParameterError(ValueError):
+class VLLMValidationError(ValueError):
+    """A bad request field: a 400 whose ``param`` names it."""
+
+    def __init__(self, message: str, *, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
+class UnsupportedParameterError(VLLMValidationError):
     """A request field that mini_vllm cannot honour (a 400 naming it)."""
 
     def __init__(self, parameter: str, value) -> None:
-        super().__init__(f"mini_vllm does not support `{parameter}` (got {value!r}).")
-        self.parameter = parameter
+        super().__init__(
+            f"mini_vllm does not support `{parameter}` (got {value!r}).", parameter=parameter
+        )
 
 
 class ModelCard(OpenAIBaseModel):
@@ -89,7 +110,22 @@ class StreamOptions(OpenAIBaseModel):
     continuous_usage_stats: bool | None = False
 
 
-_SAMPLING_PARAMS_FIELDS = {f.name for f in fields(SamplingParams) if not f.name.startswith("_")}
+class JsonSchemaResponseFormat(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    # OpenAI calls it "schema", a name pydantic's BaseModel already uses.
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaResponseFormat | None = None
+
+
+_SAMPLING_PARAMS_FIELDS = {
+    f.name for f in dataclasses.fields(SamplingParams) if not f.name.startswith("_")
+}
 
 
 class _SamplingRequest(OpenAIBaseModel):
@@ -116,17 +152,54 @@ class _SamplingRequest(OpenAIBaseModel):
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
+    # Structured outputs (Phase 12): vLLM's field, passed on by name, and OpenAI's.
+    structured_outputs: StructuredOutputsParams | None = None
+    response_format: ResponseFormat | None = None
     # Accepted at these defaults only (UNSUPPORTED).
     use_beam_search: bool = False
     prompt_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
 
     # Refused unless at their default; one SamplingParams gains is passed on instead.
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "use_beam_search",
-        "prompt_logprobs",
-        "response_format",
-    )
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("use_beam_search", "prompt_logprobs")
+
+    @model_validator(mode="before")
+    @classmethod
+    def validate_stream_options(cls, data):
+        if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+            raise VLLMValidationError(
+                "Stream options can only be defined when `stream=True`.",
+                parameter="stream_options",
+            )
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def validate_response_format(cls, data):
+        response_format = data.get("response_format") if isinstance(data, dict) else None
+        if (
+            isinstance(response_format, dict)
+            and response_format.get("type") == "json_schema"
+            and response_format.get("json_schema") is None
+        ):
+            raise VLLMValidationError(
+                "When response_format type is 'json_schema', the 'json_schema' field "
+                "must be provided.",
+                parameter="response_format",
+            )
+        return data
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """``structured_outputs`` with ``response_format`` folded in, as upstream."""
+        response_format = self.response_format
+        if response_format is None or response_format.type == "text":
+            return self.structured_outputs
+        if response_format.type == "json_object":
+            constraint = {"json_object": True}
+        else:
+            constraint = {"json": response_format.json_schema.json_schema}
+        if self.structured_outputs is None:
+            return StructuredOutputsParams(**constraint)
+        return dataclasses.replace(self.structured_outputs, **constraint)
 
     def check_supported(self) -> None:
         """Refuse every field mini_vllm cannot honour that differs from its default."""
@@ -162,6 +235,8 @@ class _SamplingRequest(OpenAIBaseModel):
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         """SamplingParams for this request (a bad value raises ValueError)."""
         kwargs = {**self.sampling_kwargs(), "max_tokens": max_tokens}
+        if (structured_outputs := self.structured_outputs_params()) is not None:
+            kwargs["structured_outputs"] = structured_outputs
         if kwargs.get("logit_bias"):
             # As upstream's SamplingParams.from_optional (vllm/sampling_params.py:325):
             # JSON keys are strings; biases are clipped to [-100, 100].
@@ -181,24 +256,53 @@ class CompletionRequest(_SamplingRequest):
 
     UNSUPPORTED = (*_SamplingRequest.UNSUPPORTED, "echo", "suffix")
 
+    @model_validator(mode="before")
+    @classmethod
+    def validate_prompt(cls, data):
+        if isinstance(data, dict):
+            prompt = data.get("prompt")
+            if prompt is None or prompt == "":
+                raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
+            logprobs = data.get("logprobs")
+            if isinstance(logprobs, int) and logprobs < 0:
+                raise VLLMValidationError(
+                    "`logprobs` must be a positive value.", parameter="logprobs"
+                )
+        return data
+
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[dict[str, Any]]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    # Chat logprobs have their own shape (not served by mini_vllm yet).
+    # Here logprobs is a bool; the engine's count is top_logprobs.
     logprobs: bool | None = False
     top_logprobs: int | None = 0
     tools: list[dict[str, Any]] | None = None
 
-    UNSUPPORTED = (*_SamplingRequest.UNSUPPORTED, "top_logprobs", "tools")
+    UNSUPPORTED = (*_SamplingRequest.UNSUPPORTED, "tools")
+
+    @model_validator(mode="before")
+    @classmethod
+    def check_logprobs(cls, data):
+        top_logprobs = data.get("top_logprobs") if isinstance(data, dict) else None
+        if isinstance(top_logprobs, int):
+            if top_logprobs < -1:
+                raise VLLMValidationError(
+                    "`top_logprobs` must be a positive value or -1.", parameter="top_logprobs"
+                )
+            if top_logprobs != 0 and not data.get("logprobs"):
+                raise VLLMValidationError(
+                    "when using `top_logprobs`, `logprobs` must be set to true.",
+                    parameter="top_logprobs",
+                )
+        return data
 
     def sampling_kwargs(self) -> dict[str, Any]:
-        # Here logprobs is a bool, not SamplingParams' count.
-        if self.logprobs:
-            raise UnsupportedParameterError("logprobs", self.logprobs)
         kwargs = super().sampling_kwargs()
         kwargs.pop("logprobs", None)
+        if self.logprobs and self.top_logprobs is not None:
+            kwargs["logprobs"] = self.top_logprobs
         return kwargs
 
 
@@ -252,10 +356,24 @@ class ChatMessage(OpenAIBaseModel):
     content: str | None = None
 
 
+class ChatCompletionLogProb(OpenAIBaseModel):
+    token: str
+    logprob: float = -9999.0
+    bytes: list[int] | None = None
+
+
+class ChatCompletionLogProbsContent(ChatCompletionLogProb):
+    top_logprobs: list[ChatCompletionLogProb] = Field(default_factory=list)
+
+
+class ChatCompletionLogProbs(OpenAIBaseModel):
+    content: list[ChatCompletionLogProbsContent] | None = None
+
+
 class ChatCompletionResponseChoice(OpenAIBaseModel):
     index: int
     message: ChatMessage
-    logprobs: None = None
+    logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = "stop"
     stop_reason: int | str | None = None
 
@@ -278,7 +396,7 @@ class DeltaMessage(OpenAIBaseModel):
 class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
     index: int
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 

@@ -3,15 +3,23 @@
 Mirrors upstream ``vllm/entrypoints/openai/chat_completion/serving.py``
 (``OpenAIServingChat`` :85, ``create_chat_completion`` :228,
 ``chat_completion_stream_generator`` :400, ``chat_completion_full_generator``
-:1006) at v0.22.1, for plain text messages: the model's own chat template
-renders the conversation (with the generation prompt), then it is one
-completion.
+:1006, ``_create_chat_logprobs`` :1467) at v0.22.1, for plain text messages:
+the model's own chat template renders the conversation (with the generation
+prompt, in the executor thread: see serving_engine.py), then it is one
+completion. ``max_completion_tokens`` wins over ``max_tokens`` whenever it is
+set, 0 included (then a 400, as upstream).
+
+Logprobs (``logprobs: true``, ``top_logprobs: k``): the engine returns k
+alternatives a token (its ``logprobs`` count is ``top_logprobs``); each
+choice (each chunk, for a stream) carries ``{"content": [...]}`` with, per
+token, its text, logprob (-inf becomes -9999.0) and UTF-8 bytes, and the
+first k entries of the engine's dict (the sampled token first).
 
 The stream: for each choice a first chunk with ``delta: {"role":
 "assistant", "content": ""}``, then one chunk per new piece of text, the
 last with its ``finish_reason``; the usage chunk and ``data: [DONE]`` as for
-completions. Left out: tools, reasoning parsers, logprobs (a 400 for now),
-multimodal content, ``echo``, custom chat templates.
+completions. Left out: tools, reasoning parsers, multimodal content, ``echo``,
+custom chat templates, tokens as ids.
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from mini_vllm.engine.async_llm import RequestOutputKind
 from mini_vllm.entrypoints.openai.protocol import (
+    ChatCompletionLogProb,
+    ChatCompletionLogProbs,
+    ChatCompletionLogProbsContent,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
@@ -32,8 +43,13 @@ from mini_vllm.entrypoints.openai.protocol import (
     UsageInfo,
     random_uuid,
 )
-from mini_vllm.entrypoints.openai.serving_engine import OpenAIServing, should_include_usage
-from mini_vllm.outputs import RequestOutput
+from mini_vllm.entrypoints.openai.serving_engine import (
+    OpenAIServing,
+    make_async,
+    should_include_usage,
+)
+from mini_vllm.outputs import CompletionOutput, RequestOutput
+from mini_vllm.sampling_params import SamplingParams
 
 ROLE = "assistant"
 
@@ -56,6 +72,22 @@ class OpenAIServingChat(OpenAIServing):
             request.messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
 
+    def _prepare(
+        self, request: ChatCompletionRequest, request_id: str
+    ) -> tuple[dict, SamplingParams]:
+        """The engine input and SamplingParams, checked as the engine would
+        (blocking: run in the executor)."""
+        engine_input = {"prompt_token_ids": self._render(request)}
+        max_tokens = self._validate_prompt_len(
+            engine_input["prompt_token_ids"],
+            request.max_completion_tokens
+            if request.max_completion_tokens is not None
+            else request.max_tokens,
+        )
+        sampling_params = request.to_sampling_params(max_tokens)
+        self._validate_engine_input(request_id, engine_input, sampling_params)
+        return engine_input, sampling_params
+
     async def create_chat_completion(
         self, request: ChatCompletionRequest
     ) -> AsyncGenerator[str, None] | ChatCompletionResponse | ErrorResponse:
@@ -64,15 +96,13 @@ class OpenAIServingChat(OpenAIServing):
         request_id = f"chatcmpl-{random_uuid()}"
         created_time = int(time.time())
         try:
-            prompt_token_ids = self._render(request)
-            max_tokens = self._validate_prompt_len(
-                prompt_token_ids, request.max_completion_tokens or request.max_tokens
+            engine_input, sampling_params = await make_async(self._prepare, self.executor)(
+                request, request_id
             )
-            sampling_params = request.to_sampling_params(max_tokens)
         except (ValueError, TypeError) as e:
             return self.create_error_response(e)
         result_generator = self.engine_client.generate(
-            {"prompt_token_ids": prompt_token_ids},
+            engine_input,
             sampling_params,
             request_id,
             n=request.n,
@@ -85,7 +115,7 @@ class OpenAIServingChat(OpenAIServing):
         outputs = [res async for res in result_generator]  # FINAL_ONLY: one
         final_res = outputs[-1]
         return self.chat_completion_full_generator(
-            final_res, request_id, created_time, self.model_name()
+            request, final_res, request_id, created_time, self.model_name()
         )
 
     async def chat_completion_stream_generator(
@@ -141,7 +171,9 @@ class OpenAIServingChat(OpenAIServing):
                         continue
                     previous_num_tokens[i] += len(output.token_ids)
                     choice = ChatCompletionResponseStreamChoice(
-                        index=i, delta=DeltaMessage(content=output.text), logprobs=None
+                        index=i,
+                        delta=DeltaMessage(content=output.text),
+                        logprobs=self._logprobs_of(request, output),
                     )
                     if output.finish_reason is not None:
                         choice.finish_reason = output.finish_reason
@@ -165,13 +197,18 @@ class OpenAIServingChat(OpenAIServing):
         yield "data: [DONE]\n\n"
 
     def chat_completion_full_generator(
-        self, final_res: RequestOutput, request_id: str, created_time: int, model_name: str
+        self,
+        request: ChatCompletionRequest,
+        final_res: RequestOutput,
+        request_id: str,
+        created_time: int,
+        model_name: str,
     ) -> ChatCompletionResponse:
         choices = [
             ChatCompletionResponseChoice(
                 index=output.index,
                 message=ChatMessage(role=ROLE, content=output.text),
-                logprobs=None,
+                logprobs=self._logprobs_of(request, output),
                 finish_reason=output.finish_reason,
                 stop_reason=output.stop_reason,
             )
@@ -191,3 +228,41 @@ class OpenAIServingChat(OpenAIServing):
             ),
             system_fingerprint=self.system_fingerprint,
         )
+
+    def _logprobs_of(
+        self, request: ChatCompletionRequest, output: CompletionOutput
+    ) -> ChatCompletionLogProbs | None:
+        if not request.logprobs or request.top_logprobs is None:
+            return None
+        return self._create_chat_logprobs(output.token_ids, output.logprobs, request.top_logprobs)
+
+    def _create_chat_logprobs(
+        self,
+        token_ids: list[int],
+        top_logprobs: list[dict[int, float]],
+        num_output_top_logprobs: int,
+    ) -> ChatCompletionLogProbs:
+        """OpenAI's chat logprobs for these tokens (-1: every alternative)."""
+
+        def logprob_of(token_id: int, logprob: float) -> ChatCompletionLogProb:
+            token = self.tokenizer.decode([token_id])
+            return ChatCompletionLogProb(
+                token=token,
+                logprob=max(logprob, -9999.0),
+                bytes=list(token.encode("utf-8", errors="replace")),
+            )
+
+        content = []
+        for token_id, step_top_logprobs in zip(token_ids, top_logprobs, strict=True):
+            entry = logprob_of(token_id, step_top_logprobs[token_id])
+            content.append(
+                ChatCompletionLogProbsContent(
+                    **entry.model_dump(),
+                    top_logprobs=[
+                        logprob_of(top_id, logprob)
+                        for rank, (top_id, logprob) in enumerate(step_top_logprobs.items())
+                        if num_output_top_logprobs == -1 or rank < num_output_top_logprobs
+                    ],
+                )
+            )
+        return ChatCompletionLogProbs(content=content)

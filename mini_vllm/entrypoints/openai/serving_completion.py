@@ -36,10 +36,12 @@ from mini_vllm.entrypoints.openai.protocol import (
 )
 from mini_vllm.entrypoints.openai.serving_engine import (
     OpenAIServing,
+    make_async,
     merge_async_iterators,
     should_include_usage,
 )
 from mini_vllm.outputs import RequestOutput
+from mini_vllm.sampling_params import SamplingParams
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -60,6 +62,21 @@ class OpenAIServingCompletion(OpenAIServing):
                 inputs.append({"prompt_token_ids": p})
         return inputs
 
+    def _prepare(
+        self, request: CompletionRequest, request_id: str
+    ) -> list[tuple[dict, SamplingParams]]:
+        """(engine input, SamplingParams) for each prompt, checked as the engine
+        would (blocking: run in the executor)."""
+        prepared = []
+        for i, engine_input in enumerate(self._prompts(request)):
+            max_tokens = self._validate_prompt_len(
+                engine_input["prompt_token_ids"], request.max_tokens
+            )
+            sampling_params = request.to_sampling_params(max_tokens)
+            self._validate_engine_input(f"{request_id}-{i}", engine_input, sampling_params)
+            prepared.append((engine_input, sampling_params))
+        return prepared
+
     async def create_completion(
         self, request: CompletionRequest
     ) -> AsyncGenerator[str, None] | CompletionResponse | ErrorResponse:
@@ -68,26 +85,20 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id = f"cmpl-{random_uuid()}"
         created_time = int(time.time())
         try:
-            engine_inputs = self._prompts(request)
-            generators = []
-            for i, engine_input in enumerate(engine_inputs):
-                max_tokens = self._validate_prompt_len(
-                    engine_input["prompt_token_ids"], request.max_tokens
-                )
-                sampling_params = request.to_sampling_params(max_tokens)
-                generators.append(
-                    self.engine_client.generate(
-                        engine_input,
-                        sampling_params,
-                        f"{request_id}-{i}",
-                        n=request.n,
-                        output_kind=RequestOutputKind.DELTA
-                        if request.stream
-                        else RequestOutputKind.FINAL_ONLY,
-                    )
-                )
+            prepared = await make_async(self._prepare, self.executor)(request, request_id)
         except (ValueError, TypeError) as e:
             return self.create_error_response(e)
+        output_kind = RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY
+        generators = [
+            self.engine_client.generate(
+                engine_input,
+                sampling_params,
+                f"{request_id}-{i}",
+                n=request.n,
+                output_kind=output_kind,
+            )
+            for i, (engine_input, sampling_params) in enumerate(prepared)
+        ]
         result_generator = merge_async_iterators(*generators)
         if request.stream:
             return self.completion_stream_generator(
@@ -96,9 +107,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 request_id,
                 created_time,
                 self.model_name(),
-                num_prompts=len(engine_inputs),
+                num_prompts=len(prepared),
             )
-        final_res_batch: list[RequestOutput | None] = [None] * len(engine_inputs)
+        final_res_batch: list[RequestOutput | None] = [None] * len(prepared)
         try:
             async for i, res in result_generator:
                 final_res_batch[i] = res

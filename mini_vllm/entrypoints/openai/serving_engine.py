@@ -5,12 +5,21 @@ Mirrors upstream ``vllm/entrypoints/openai/engine/serving.py`` (``OpenAIServing`
 ``_check_model`` :218) at v0.22.1, with the module-level
 ``create_error_response`` (vllm/entrypoints/utils.py:347: how an exception becomes
 a status code), ``get_max_tokens`` (vllm/entrypoints/utils.py:175),
-``should_include_usage`` (vllm/entrypoints/utils.py:281) and
-``merge_async_iterators`` (vllm/utils/async_utils.py:272).
+``should_include_usage`` (vllm/entrypoints/utils.py:281),
+``make_async`` (vllm/utils/async_utils.py:231) and ``merge_async_iterators``
+(vllm/utils/async_utils.py:272).
 
-The prompt is tokenized here, before the engine sees it, as upstream's
-renderer does, so that a prompt with no room for output is a 400 before a
-stream starts. Left out: LoRA models, request logging, tracing headers,
+Before the engine sees a request, the handlers prepare it here: tokenize the
+prompt (as upstream's renderer does), cap ``max_tokens``, build the
+``SamplingParams``, and run the engine's own input checks on the result
+(``_validate_engine_input``), so that anything the engine would refuse is a 400
+before the first byte of a stream. Upstream runs those checks when the request
+is added, after a stream has started (an error event then); mini_vllm runs them
+twice instead (here, then in ``AsyncLLM.add_request``). All of it is slow for a
+big prompt (a 1 MB prompt takes about a second to tokenize), so it runs in one
+worker thread (``make_async``, as upstream's renderer runs its tokenizer in its
+executor, vllm/renderers/base.py:89), never on the event loop that answers
+every other client. Left out: LoRA models, request logging, tracing headers,
 prompt truncation, the system fingerprint's config hash (mini_vllm's is its
 name and version).
 """
@@ -18,8 +27,10 @@ name and version).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from http import HTTPStatus
 
 from mini_vllm.engine.async_llm import AsyncLLM
@@ -94,6 +105,16 @@ def should_include_usage(stream_options: StreamOptions | None) -> tuple[bool, bo
     return include_usage, include_usage and bool(stream_options.continuous_usage_stats)
 
 
+def make_async(func: Callable, executor: Executor) -> Callable[..., Awaitable]:
+    """``func`` as a coroutine function that runs it in ``executor``'s thread."""
+
+    def run(*args, **kwargs) -> Awaitable:
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(executor, functools.partial(func, *args, **kwargs))
+
+    return run
+
+
 async def merge_async_iterators(*iterators: AsyncIterator) -> AsyncIterator[tuple[int, object]]:
     """Items of several async iterators as they come, as (iterator index, item).
 
@@ -136,12 +157,20 @@ async def merge_async_iterators(*iterators: AsyncIterator) -> AsyncIterator[tupl
 
 
 class OpenAIServing:
-    def __init__(self, engine_client: AsyncLLM, served_model_names: list[str]) -> None:
+    def __init__(
+        self,
+        engine_client: AsyncLLM,
+        served_model_names: list[str],
+        executor: Executor | None = None,
+    ) -> None:
         self.engine_client = engine_client
         self.served_model_names = served_model_names
         self.tokenizer = engine_client.tokenizer
         self.max_model_len = engine_client.vllm_config.model_config.max_model_len
         self.system_fingerprint: str | None = SYSTEM_FINGERPRINT
+        # One thread for the slow, blocking preparation of requests (handlers
+        # may share it: one thread uses the tokenizer at a time).
+        self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve")
 
     create_error_response = staticmethod(create_error_response)
 
@@ -170,3 +199,9 @@ class OpenAIServing:
                 "no room for output. Please reduce the length of the input."
             )
         return get_max_tokens(self.max_model_len, max_tokens, len(token_ids))
+
+    def _validate_engine_input(self, request_id: str, engine_input: dict, params) -> None:
+        """Raise what the engine's input processor would raise for this input
+        (an empty prompt, too many logprobs, a schema xgrammar cannot parse...),
+        without queueing anything."""
+        self.engine_client.input_processor.process_inputs(request_id, engine_input, params)
