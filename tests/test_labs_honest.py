@@ -173,6 +173,19 @@ def test_untouched_starters_score_zero(phase, tmp_path):
     if counts := upstream_counts(phase, stdout):
         passed, in_scope = counts
         assert passed < in_scope, f"upstream's tests pass on untouched starters: {stdout[-1000:]}"
+    for lab, folder in lab_folders(phase).items():
+        stated = readme_points(R.REPO_ROOT / folder / "README.md")
+        total = results["labs"][lab]["total"]
+        assert stated in (None, total), (
+            f"{folder}/README.md says {stated} points; its suite grades {total:g}"
+        )
+
+
+def readme_points(readme: Path) -> int | None:
+    """The "(N points)" a lab's README gives its suite, if it gives one."""
+    found = re.findall(r"\((\d+) points\)", " ".join(readme.read_text().split()))
+    assert len(set(found)) <= 1, f"{readme} gives its suite's points as {found}"
+    return int(found[0]) if found else None
 
 
 def solved_copy(tmp_path: Path) -> Path:
