@@ -127,14 +127,37 @@ class EngineCore:
             self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mini_vllm_worker")
 
     def add_request(self, request: Request) -> None:
-        if request.use_structured_output:
-            if self.async_scheduling:
-                raise ValueError(
-                    f"Request {request.request_id!r}: structured outputs are not supported "
-                    "with async_scheduling=True in mini_vllm (see UPSTREAM_PIN.md)."
-                )
-            self.structured_output_manager.grammar_init(request)
-        self.scheduler.add_request(request)
+        """Hand a new request to the scheduler (a structured one starts its
+        grammar first). If anything raises, whatever the scheduler already
+        holds of this request is taken back (``_forget_new_request``)."""
+        if request.use_structured_output and self.async_scheduling:
+            raise ValueError(
+                f"Request {request.request_id!r}: structured outputs are not supported "
+                "with async_scheduling=True in mini_vllm (see UPSTREAM_PIN.md)."
+            )
+        try:
+            if request.use_structured_output:
+                self.structured_output_manager.grammar_init(request)
+            self.scheduler.add_request(request)
+        except BaseException:
+            self._forget_new_request(request)
+            raise
+
+    def _forget_new_request(self, request: Request) -> None:
+        """Remove ``request`` from the scheduler's table and waiting queues,
+        wherever a failed ``add_request`` left it (e.g. pushed into the
+        waiting queue, not yet in ``requests``). Found by identity: a request
+        already there under the same id stays. A new request holds no KV
+        blocks, so there is nothing to free. (mini_vllm only: upstream's
+        engine core has no rollback.)"""
+        scheduler = self.scheduler
+        requests = getattr(scheduler, "requests", {})
+        if requests.get(request.request_id) is request:
+            del requests[request.request_id]
+        for name in ("waiting", "skipped_waiting"):
+            queue = getattr(scheduler, name, None)
+            if queue is not None:
+                queue.remove_requests([request])
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)

@@ -120,20 +120,34 @@ class LLMEngine:
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> None:
-        """Queue a request. Bad input raises ValueError and leaves the engine as it was."""
+        """Queue a request: all of its state or none.
+
+        Bad input raises (ValueError; TypeError for a request id that is not a
+        string, as upstream) before anything is added. The request then goes
+        to the output processor and to EngineCore, in upstream's order; if
+        either raises (Ctrl-C included), what was added is taken back, so the
+        engine is as it was and later requests and steps work.
+        """
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}.")
         if request_id in self.output_processor.request_states:
             raise ValueError(f"Duplicate request id {request_id!r}.")
         prompt_text, request = self.input_processor.process_inputs(
             request_id, prompt, params, arrival_time, priority
         )
-        self.engine_core.add_request(request)
-        self.output_processor.add_request(
-            request_id,
-            prompt_text,
-            request.prompt_token_ids,
-            request.arrival_time,
-            request.sampling_params,
-        )
+        try:
+            self.output_processor.add_request(
+                request_id,
+                prompt_text,
+                request.prompt_token_ids,
+                request.arrival_time,
+                request.sampling_params,
+            )
+            self.engine_core.add_request(request)
+        except BaseException:
+            # The id was new (checked above): whatever state it has is this request's.
+            self.output_processor.abort_requests([request_id])
+            raise
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Abort from the user: forget in the front end, then free in EngineCore."""
