@@ -13,7 +13,8 @@ Cases: one prompt; usage at the end and on every chunk; two prompts with n=2
 a chunked-prefill output with no token first (sends nothing); an error in the
 middle of the stream (an error event, then ``[DONE]``). The recording and the
 two generators' runs are in mini_vllm/oracle/sse.py (Phase 16's Lab 16.1 is
-graded with them too).
+graded with them too). Chat logprobs are compared the same way, through
+upstream's ``_create_chat_logprobs``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from mini_vllm.oracle.sse import (
     PROMPTS,
     mini_chunks,
     record,
+    to_upstream,
     upstream_chunks,
     upstream_serving,
 )
@@ -107,3 +109,36 @@ def test_an_error_mid_stream_is_one_error_event_then_done(engine, loop, upstream
     mini, up = both_streams(engine, loop, upstream, body, items, fail_after=2)
     assert mini == up
     assert '"error"' in mini[-2] and mini[-1] == "data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("top_logprobs", [0, 3])
+def test_chat_logprobs_equal_upstreams(engine, loop, top_logprobs):
+    """Chat logprobs (issue 29, item 6): the same recorded tokens and logprobs through
+    upstream's ``OpenAIServingChat._create_chat_logprobs``
+    (vllm/entrypoints/openai/chat_completion/serving.py:1467) and mini_vllm's give the
+    same JSON. Sampled at temperature 1, so the sampled token is often outside the top
+    k and the engine's dict has k + 1 entries."""
+    from vllm.entrypoints.openai.chat_completion.serving import (
+        OpenAIServingChat as UpOpenAIServingChat,
+    )
+
+    from mini_vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    body = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 1.0, "seed": 5}
+    items = record(engine, loop, {**body, "logprobs": top_logprobs})
+    upstream = UpOpenAIServingChat.__new__(UpOpenAIServingChat)
+    upstream.return_tokens_as_token_ids = False
+    mini = OpenAIServingChat(engine, [MODEL])
+    for _, output in items:
+        completion = output.outputs[0]
+        if not completion.token_ids:
+            continue
+        up_completion = to_upstream(output, engine.tokenizer).outputs[0]
+        want = upstream._create_chat_logprobs(
+            token_ids=up_completion.token_ids,
+            top_logprobs=up_completion.logprobs,
+            tokenizer=engine.tokenizer,
+            num_output_top_logprobs=top_logprobs,
+        )
+        got = mini._create_chat_logprobs(completion.token_ids, completion.logprobs, top_logprobs)
+        assert got.model_dump_json() == want.model_dump_json()
