@@ -19,7 +19,9 @@ fixture, inside a test), what the checks are made of:
 After each test (its fixtures torn down, so a ``monkeypatch`` of the
 reference by the grader itself is undone by then) ``broken`` compares, puts
 every changed name back, and names what changed: the plugin fails that test.
-A module first imported during the run is recorded when first seen.
+A module first imported during the run is recorded when first seen; an
+installed package wrapping one of its own names (importing ``torch._dynamo``
+wraps ``torch.manual_seed``) is taken as the new value.
 
 The reference's module-level names are not sealed: graded tests plug the
 student's functions into the reference's engine with ``monkeypatch``.
@@ -119,15 +121,19 @@ class Seal:
         """What changed since it was recorded, each put back; then record the
         modules imported since."""
         changed = []
-        for owner, key, original in self.names:
+        for n, (owner, key, original) in enumerate(self.names):
             now = (
                 getattr(owner, key, _MISSING)
                 if key in FUNCTION_PARTS
                 else vars(owner).get(key, _MISSING)
             )
-            if now is not original:
-                changed.append(f"{_label(owner)}.{key}")
-                setattr(owner, key, original)
+            if now is original:
+                continue
+            if _installed_wrapper(now, original):
+                self.names[n] = (owner, key, now)
+                continue
+            changed.append(f"{_label(owner)}.{key}")
+            setattr(owner, key, original)
         for cls, members in self.methods:
             for key, value in list(vars(cls).items()):
                 if key not in members and _callable(value) and key != "__class__":
@@ -135,6 +141,14 @@ class Seal:
                     delattr(cls, key)
         self.record_new_modules()
         return changed
+
+
+def _installed_wrapper(new, original) -> bool:
+    """An installed package wrapping a name it owns, as importing
+    ``torch._dynamo`` wraps ``torch.manual_seed`` (``functools.wraps``)."""
+    code = getattr(new, "__code__", None)
+    where = code.co_filename if code is not None else ""
+    return getattr(new, "__wrapped__", None) is original and "site-packages" in where
 
 
 def _label(owner) -> str:
