@@ -12,15 +12,20 @@ scheduling policies:
   processor, before and after it keeps the request's state; the scheduler,
   before it changes anything, after it queued the request, after it
   finished; Ctrl-C in the middle) reaches the caller.
-After each, nothing of the request is left in the scheduler, its queues or
-the output processor, and the engine serves the next request with the same
-tokens as a fresh engine.
+The same for ``AsyncLLM.add_request``, whose n children are added one by
+one: a failure at the second leaves none. After each, nothing of the request
+is left in the scheduler, its queues or the output processor, and the engine
+serves the next request with the same tokens as a fresh engine.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+
 import pytest
 
+from mini_vllm.engine.async_llm import AsyncLLM
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.sampling_params import SamplingParams
 
@@ -164,3 +169,35 @@ def test_a_failure_at_any_stage_leaves_nothing_behind(llm, fresh_tokens, monkeyp
         engine.add_request("doomed", PROMPT, GREEDY)
     monkeypatch.undo()
     assert_nothing_left_and_serving(llm, fresh_tokens)
+
+
+def test_async_llm_adds_all_children_or_none(tiny_qwen3, fresh_tokens, monkeypatch):
+    engine = AsyncLLM.from_model(tiny_qwen3[0], max_model_len=128, kv_cache_memory_bytes=8 << 20)
+    output_processor = engine.output_processor
+    add = output_processor.add_request
+    calls = itertools.count()
+
+    def second_child_fails(*args, **kwargs):
+        if next(calls) == 1:
+            raise RuntimeError("injected")
+        add(*args, **kwargs)
+
+    async def run() -> list[int]:
+        monkeypatch.setattr(output_processor, "add_request", second_child_fails)
+        with pytest.raises(RuntimeError, match="injected"):
+            async for _ in engine.generate(PROMPT, GREEDY, "doomed", n=2):
+                pass
+        monkeypatch.undo()
+        assert not output_processor.request_states
+        assert not engine.collectors
+        async for out in engine.generate(PROMPT, GREEDY, "next"):
+            final = out
+        return final.outputs[0].token_ids
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(run()) == fresh_tokens
+    finally:
+        engine.shutdown()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()

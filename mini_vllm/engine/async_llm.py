@@ -293,15 +293,22 @@ class AsyncLLM:
                 params.seed = sampling_params.seed + index
             processed.append(self.input_processor.process_inputs(child_id, prompt, params))
         collector = RequestOutputCollector(request_id, child_ids)
-        for index, (prompt_text, request) in enumerate(processed):
-            self.output_processor.add_request(
-                request.request_id,
-                prompt_text,
-                request.prompt_token_ids,
-                request.arrival_time,
-                request.sampling_params,
-            )
-            self.collectors[request.request_id] = (collector, index)
+        try:
+            for index, (prompt_text, request) in enumerate(processed):
+                self.output_processor.add_request(
+                    request.request_id,
+                    prompt_text,
+                    request.prompt_token_ids,
+                    request.arrival_time,
+                    request.sampling_params,
+                )
+                self.collectors[request.request_id] = (collector, index)
+        except BaseException:
+            # All children or none: take back the ones already added.
+            self.output_processor.abort_requests(child_ids)
+            for child_id in child_ids:
+                self.collectors.pop(child_id, None)
+            raise
         self.engine_core.add_requests([request for _, request in processed])
         return collector
 
