@@ -187,7 +187,7 @@ def init_app_state(engine_client: AsyncLLM, state, args: argparse.Namespace) -> 
     state.args = args
     state.served_model_names = served_model_names
     # One thread prepares every request (tokenizing, off the event loop).
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve")
+    state.executor = executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve")
     state.openai_serving_completion = OpenAIServingCompletion(
         engine_client, served_model_names, executor
     )
@@ -262,6 +262,7 @@ def run_server(args: argparse.Namespace, engine_client: AsyncLLM | None = None) 
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
+        app.state.executor.shutdown(wait=False)
         engine_client.shutdown()
 
 
@@ -277,6 +278,7 @@ class ServerThread:
         args = argparse.Namespace(model=model_path, served_model_name=[served_model_name])
         app = build_app(args)
         init_app_state(engine, app.state, args)
+        self.executor = app.state.executor
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -294,5 +296,6 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        self.executor.shutdown(wait=False)
         self.engine.shutdown()
         self.sock.close()
