@@ -408,6 +408,24 @@ PLANTS = [
         "",
         "abort forgets the requests in the front end but never frees them in the engine core",
     ),
+    # issue 29, item 20 (graders' blind spot, now graded with n=2)
+    Plant(
+        "16",
+        "mini_vllm/entrypoints/openai/serving_completion.py",
+        "completion_tokens=previous_num_tokens[i],\n"
+        "                            total_tokens=prompt_tokens + previous_num_tokens[i],",
+        "completion_tokens=sum(previous_num_tokens),\n"
+        "                            total_tokens=prompt_tokens + sum(previous_num_tokens),",
+        "continuous usage on a choice's chunk counts every choice's tokens, not its own",
+    ),
+    # issue 29, item 21 (graders' blind spot, now graded with n=2)
+    Plant(
+        "16",
+        "mini_vllm/engine/async_llm.py",
+        "self.abort(collector.child_ids)",
+        "self.abort(collector.child_ids[:1])",
+        "a disconnect aborts only the request's first child",
+    ),
 ]
 
 

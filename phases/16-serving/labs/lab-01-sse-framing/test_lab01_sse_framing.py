@@ -36,7 +36,16 @@ CASES = {
         "temperature": 0,
     },
     "an error in the middle of the stream": {"prompt": PROMPTS[0], "max_tokens": 6},
+    "two prompts, n=2, usage on every chunk": {
+        "prompt": PROMPTS,
+        "max_tokens": 4,
+        "n": 2,
+        "temperature": 0.8,
+        "seed": 5,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    },
 }
+CONTINUOUS = ["usage on every chunk and at the end", "two prompts, n=2, usage on every chunk"]
 FAIL_AFTER = {"an error in the middle of the stream": 2}
 
 
@@ -214,22 +223,28 @@ def test_fingerprint_on_each_choices_last_chunk_without_usage(impl, ref_engine, 
 
 @pytest.mark.points(2)
 @pytest.mark.timeout(120)
-def test_continuous_usage_counts_each_choices_tokens_so_far(impl, ref_engine, loop, recorded):
-    case = "usage on every chunk and at the end"
+@pytest.mark.parametrize("case", CONTINUOUS)
+def test_continuous_usage_counts_each_choices_tokens_so_far(impl, ref_engine, loop, recorded, case):
     want, got = streams(impl, ref_engine, loop, recorded, case)
     _, items = recorded[case]
-    prompt = len(items[0][1].prompt_token_ids)
-    so_far, expected = 0, []
-    for _, out in items:
-        so_far += len(out.outputs[0].token_ids)
-        expected.append(
-            {"prompt_tokens": prompt, "total_tokens": prompt + so_far, "completion_tokens": so_far}
-        )
-    got_usage = [e.get("usage") for e in events(got)[: len(items)]]
+    so_far, expected = {}, []  # so_far: {(prompt index, choice index): tokens}
+    for prompt_idx, out in items:
+        prompt = len(out.prompt_token_ids)
+        for choice in out.outputs:
+            key = (prompt_idx, choice.index)
+            so_far[key] = so_far.get(key, 0) + len(choice.token_ids)
+            expected.append(
+                {
+                    "prompt_tokens": prompt,
+                    "total_tokens": prompt + so_far[key],
+                    "completion_tokens": so_far[key],
+                }
+            )
+    got_usage = [e.get("usage") for e in events(got)[: len(expected)]]
     assert got_usage == expected, (
-        "with continuous_usage_stats every choice chunk carries the usage so far: the "
-        f"prompt's tokens and this choice's tokens up to and including the chunk. Expected "
-        f"{expected}, yours {got_usage}"
+        "with continuous_usage_stats every choice chunk carries the usage so far: its "
+        "prompt's tokens and this choice's tokens up to and including the chunk (not every "
+        f"choice's). Expected {expected}, yours {got_usage}"
     )
     diff = chunk_difference(want, got, ("reference", "yours"))
     assert diff is None, diff

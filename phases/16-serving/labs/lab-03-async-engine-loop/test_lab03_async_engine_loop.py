@@ -246,9 +246,11 @@ def test_streamed_deltas_concatenate_to_llm_generates_text(served, client, offli
     )
 
 
-@pytest.mark.points(4)
+@pytest.mark.points(2)
 @pytest.mark.timeout(120)
-def test_a_client_that_disconnects_mid_stream_frees_every_block(served, monkeypatch):
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_client_that_disconnects_mid_stream_frees_every_block(served, monkeypatch, n):
+    """With n=2 the request has two children, and the disconnect must abort both."""
     steps = slow_steps(served.engine, monkeypatch)
     body = {
         "model": MODEL,
@@ -256,6 +258,8 @@ def test_a_client_that_disconnects_mid_stream_frees_every_block(served, monkeypa
         "max_tokens": 100,
         "ignore_eos": True,
         "stream": True,
+        "n": n,
+        "temperature": 0.8,
     }
     with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=30) as response:
         lines = response.iter_lines()
