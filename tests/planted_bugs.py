@@ -284,8 +284,8 @@ PLANTS = [
     Plant(
         "08",
         "mini_vllm/core/sched/scheduler.py",
-        "request.num_computed_tokens -= num_draft_tokens - num_accepted",
-        "request.num_computed_tokens -= num_accepted",
+        "num_rejected = num_draft_tokens - num_accepted",
+        "num_rejected = num_accepted",
         "the rollback takes back the accepted drafts instead of the rejected ones",
     ),
     # stop 26 (issue 13): "latest occurrence"
