@@ -62,7 +62,11 @@ def create_scheduler(
     """A scheduler over ``num_blocks`` KV blocks (block 0 is the null block);
     an ``AsyncScheduler`` with ``async_scheduling``, as upstream's engine picks;
     with ``num_speculative_tokens``, an n-gram speculative config (as
-    upstream's helper builds one)."""
+    upstream's helper builds one). With both, the scheduler is the one
+    upstream runs for a drafter in the worker (EAGLE, MTP, ``ngram_gpu``):
+    mini_vllm has no such drafter, and its config refuses async scheduling
+    with the n-gram one, as upstream's does, so the switch is set after the
+    config is checked."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     vllm_config = VllmConfig(
@@ -79,12 +83,13 @@ def create_scheduler(
             long_prefill_token_threshold=long_prefill_token_threshold,
             policy=policy,
             scheduler_reserve_full_isl=scheduler_reserve_full_isl,
-            async_scheduling=async_scheduling,
+            async_scheduling=async_scheduling if num_speculative_tokens is None else False,
         ),
         speculative_config=None
         if num_speculative_tokens is None
         else SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
     )
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
     if scheduler_cls is None:
         scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
     return scheduler_cls(vllm_config, log_stats=True)

@@ -382,6 +382,16 @@ PLANTS = [
         "and len(batch_queue) <= self.batch_queue_size",
         "the batch queue holds one step more than batch_queue_size in flight",
     ),
+    # issue 29, item 19 (graders' blind spot, now graded: a late token reaching max_tokens)
+    Plant(
+        "14",
+        "mini_vllm/core/sched/async_scheduler.py",
+        "stopped_preempted_reqs = [r for r in preempted if r.is_finished()]",
+        "stopped_preempted_reqs = [\n"
+        "            r for r in preempted if r.status == RequestStatus.FINISHED_STOPPED\n"
+        "        ]",
+        "a preempted request finished by its late token reaching max_tokens stays waiting",
+    ),
     # ---- Phase 16: serving
     # stop 25 (issue 16): "wrong choice index"
     Plant(

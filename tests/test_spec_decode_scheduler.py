@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import mini_vllm.testing as mini
-from mini_vllm.config import SpeculativeConfig
+from mini_vllm.config import SchedulerConfig, SpeculativeConfig, VllmConfig
 from mini_vllm.outputs import DraftTokenIds
 
 
@@ -97,9 +97,14 @@ def test_drafts_for_a_request_mid_prefill_are_dropped():
 
 def test_async_scheduling_with_ngram_drafts_is_refused():
     """Upstream refuses the n-gram drafter with async scheduling
-    (vllm/config/vllm.py:911-924); so does mini_vllm, before anything is built."""
+    (vllm/config/vllm.py:911-924); so does mini_vllm, before anything is built.
+    (mini.create_scheduler builds the AsyncScheduler with drafts for the
+    async lockstep: the scheduler upstream runs for a drafter in the worker.)"""
     with pytest.raises(ValueError, match="async_scheduling=True does not work"):
-        mini.create_scheduler(async_scheduling=True, num_speculative_tokens=2)
+        VllmConfig(
+            scheduler_config=SchedulerConfig(async_scheduling=True),
+            speculative_config=SpeculativeConfig(num_speculative_tokens=2),
+        )
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ says what it receives and what it must leave defined for the code after it.
 
 Labs in this file, region by region:
 - 14.1 (``make check-lab-14.1``):
-  - placeholders: one per request that samples this step
+  - placeholders: 1 + its drafts per request that samples this step
   - a late token fills a placeholder; cache the blocks it completes
   - a request stopped while preempted leaves the waiting queue
 
@@ -31,8 +31,9 @@ class AsyncScheduler(_reference.AsyncScheduler):
     """The reference ``AsyncScheduler`` with its Phase 14 lab methods re-opened."""
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        """Advance the counts as the base does, then add one placeholder per
-        request that samples this step (a prefill chunk samples nothing)."""
+        """Advance the counts as the base does, then add placeholders for
+        each request that samples this step (a prefill chunk samples nothing):
+        one for its sampled token and one per draft it verifies."""
         cached = scheduler_output.scheduled_cached_reqs
         # The workers count the in-flight tokens as outputs already
         # (upstream adds them in _make_cached_request_data, scheduler.py:1082).
@@ -43,11 +44,15 @@ class AsyncScheduler(_reference.AsyncScheduler):
         # The base class by name, not super(): the lab starter's class
         # subclasses this one, and super() there would run this method again.
         Scheduler._update_after_schedule(self, scheduler_output)
-        # BEGIN LAB 14.1: placeholders: one per request that samples this step
+        # BEGIN LAB 14.1: placeholders: 1 + its drafts per request that samples this step
         # HINT: scheduler_output.num_scheduled_tokens holds every scheduled request's id;
         # HINT: a request still mid-prefill after this chunk (is_prefill_chunk) samples nothing.
+        # HINT: A request verifying drafts this step (scheduler_output.scheduled_spec_decode_tokens)
+        # HINT: may get them all back as tokens: one placeholder each, on top of its own sampled
+        # HINT: token. Then give it self._spec_token_placeholders as its next drafts (the worker
+        # HINT: proposes them; their ids never reach the scheduler).
         raise NotImplementedError(
-            "Lab 14.1: placeholders: one per request that samples this step "
+            "Lab 14.1: placeholders: 1 + its drafts per request that samples this step "
             "(labs/phase_14/async_scheduler.py)"
         )
         # END LAB 14.1

@@ -16,11 +16,21 @@ The fake model is ``workload.fake_token``: a request that samples in a batch
 index *when the output is delivered*, which is the index upstream's model
 would have sampled at, because updates arrive in step order.
 
+With ``num_speculative_tokens`` in the config the schedulers run as upstream's
+does for a drafter in the worker (EAGLE, MTP; the engine core hands them no
+draft ids, vllm/v1/engine/core.py:460-467): each request that samples holds k
+placeholder drafts (-1) for its next step. The fake worker drafts what the
+fake model would say, and the fake model accepts ``RequestSpec.accepted`` of
+the drafts a batch verified (``workload.verified_tokens``): the delivered
+output holds the accepted drafts and one token more, and the schedulers take
+the rejected ones back off their counts and placeholders.
+
 Each engine step's record holds the scheduled batch (the fields of
 ``describe_scheduler_output``, if one was scheduled), which batch's output
-was delivered, the update's outputs, free blocks and prefix-cached blocks, each scheduled
-request's placeholders right after ``schedule()`` and every request's
-placeholders and counts at the end of the step. ``first_difference`` compares two traces with
+was delivered, the update's outputs (and spec-decode stats), free blocks
+and prefix-cached blocks, each scheduled request's placeholders right after
+``schedule()`` and every request's placeholders and counts at the end of
+the step. ``first_difference`` compares two traces with
 ``ASYNC_FIELD_WORDS``.
 """
 
@@ -34,8 +44,10 @@ from mini_vllm.oracle.workload import (
     Progress,
     Workload,
     _outputs,
+    _spec_stats,
     describe_scheduler_output,
     fake_token,
+    verified_tokens,
 )
 
 # Upstream's UniProcExecutor.max_concurrent_batches with async scheduling
@@ -47,6 +59,8 @@ ASYNC_FIELD_WORDS = {
     "scheduled_placeholders": "placeholders of each scheduled request, after schedule()",
     "cached_blocks": "prefix-cached block ids, and each request's cached-block count",
     "delivered": "the scheduled batch whose output update_from_output took",
+    "spec_stats": "spec-decode stats of the delivered output (drafts, draft tokens, accepted, "
+    "accepted per position)",
     "requests": "each request's (id, placeholders, computed tokens, tokens, status)",
 }
 
@@ -100,6 +114,9 @@ def run_workload_async(backend, workload: Workload, scheduler=None) -> dict:
             result = sched.update_from_output(out, runner_output)
             record["delivered"] = batch
             record["outputs"] = _outputs(result)
+            stats = _spec_stats(result)
+            if stats is not None:
+                record["spec_stats"] = stats
             record["free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
             kv = backend.manager_state(sched.kv_cache_manager)
             # Which blocks are in the prefix cache: a delivered token completes
@@ -128,8 +145,10 @@ def run_workload_async(backend, workload: Workload, scheduler=None) -> dict:
 def _late_runner_output(backend, sched, out, sampling, specs, eos):
     """The batch's output, built when it is delivered: one token for each
     request that sampled in it, at the output index it has reached by now
-    (an aborted request gets a token too; update_from_output skips it)."""
+    (an aborted request gets a token too; update_from_output skips it), after
+    the drafts it verified that the fake model accepts."""
     req_ids = list(out.num_scheduled_tokens)
+    spec_tokens = out.scheduled_spec_decode_tokens
     sampled = []
     for req_id in req_ids:
         if req_id not in sampling:
@@ -137,7 +156,11 @@ def _late_runner_output(backend, sched, out, sampling, specs, eos):
             continue
         request = sched.requests.get(req_id)
         index = request.num_output_tokens if request is not None else 0
-        sampled.append([fake_token(specs[req_id], index, eos)])
+        spec = specs[req_id]
+        # The worker's drafts: what the fake model says next (the scheduler
+        # saw only placeholders for them).
+        drafts = [fake_token(spec, index + i, eos) for i in range(len(spec_tokens.get(req_id, ())))]
+        sampled.append(verified_tokens(spec, index, drafts, eos))
     return backend.ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={r: i for i, r in enumerate(req_ids)},

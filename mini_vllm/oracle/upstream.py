@@ -155,11 +155,16 @@ def create_scheduler(
         seed=0,
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
-    # As upstream's test helper (tests/v1/core/utils.py) builds it: n-gram drafts.
+    # As upstream's test helper (tests/v1/core/utils.py) builds it: n-gram
+    # drafts. Upstream refuses the n-gram drafter with async scheduling; it
+    # accepts a drafter run in the worker (EAGLE, MTP, draft models,
+    # "ngram_gpu"): the scheduler then holds placeholder drafts. ngram_gpu
+    # reserves no lookahead slots (EAGLE would), which mini_vllm has none of.
+    speculative_method = "ngram_gpu" if async_scheduling else "ngram"
     speculative_config = None
     if num_speculative_tokens is not None:
         speculative_config = SpeculativeConfig(
-            method="ngram", num_speculative_tokens=num_speculative_tokens
+            method=speculative_method, num_speculative_tokens=num_speculative_tokens
         )
     vllm_config = VllmConfig(
         scheduler_config=scheduler_config,
@@ -186,7 +191,10 @@ def create_scheduler(
         got != asked
         or got_cache != (block_size, enable_prefix_caching)
         or vllm_config.model_config.max_model_len != max_model_len
-        or (speculative_config is not None and vllm_config.speculative_config.method != "ngram")
+        or (
+            speculative_config is not None
+            and vllm_config.speculative_config.method != speculative_method
+        )
     ):
         raise RuntimeError(f"vllm rewrote the configuration: asked {asked}, got {got}, {got_cache}")
     kv_cache_config = _kv_cache_config(num_blocks, block_size)

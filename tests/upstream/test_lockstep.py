@@ -23,6 +23,13 @@ MINI_VLLM_LOCKSTEP_EXAMPLES sets the number of generated cases (default 2000),
 MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES the async ones (default 500),
 MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES the speculative ones (default 500).
 
+The speculative workloads also run through both AsyncSchedulers, as upstream
+runs them for a drafter in the worker (EAGLE, MTP; built with ``ngram_gpu``,
+which needs no draft model): each decode schedules 1 + k tokens with k
+placeholder drafts, the accepted drafts come back one step late and the
+rejected ones are taken off the counts and the placeholders
+(MINI_VLLM_ASYNC_SPEC_LOCKSTEP_EXAMPLES, default 200).
+
 Structured outputs: some requests of a workload (with or without speculation)
 carry a constraint and wait for their grammar, whose compile the driver
 completes at a chosen step; the wait, the admission after it, the flag that
@@ -46,6 +53,7 @@ pytestmark = pytest.mark.upstream
 EXAMPLES = examples(2000, 300, "MINI_VLLM_LOCKSTEP_EXAMPLES")
 ASYNC_EXAMPLES = examples(500, 100, "MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES")
 SPEC_EXAMPLES = examples(500, 100, "MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES")
+ASYNC_SPEC_EXAMPLES = examples(200, 60, "MINI_VLLM_ASYNC_SPEC_LOCKSTEP_EXAMPLES")
 STRUCTURED_EXAMPLES = examples(120, 60, "MINI_VLLM_STRUCTURED_LOCKSTEP_EXAMPLES")
 
 
@@ -113,6 +121,91 @@ def test_async_workloads_exercise_preemption(counts):
     if counts.get("async examples", 0) < 50:
         pytest.skip("too few async lockstep examples ran to judge coverage")
     assert counts["async examples with preemption"] > 0, counts
+
+
+@pytest.mark.xdist_group("async-spec-lockstep")
+@settings(
+    max_examples=ASYNC_SPEC_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(workload=spec_workloads())
+def test_async_spec_lockstep_with_upstream(upstream, counts, workload):
+    expected = run_workload_async(upstream, workload)
+    got = run_workload_async(mini, workload)
+    steps = expected["steps"]
+    counts["async spec examples"] = counts.get("async spec examples", 0) + 1
+    for key, value in (
+        ("async spec steps with drafts", sum("spec_tokens" in s for s in steps)),
+        ("async spec accepted drafts", sum(s.get("spec_stats", [0, 0, 0])[2] for s in steps)),
+        (
+            "async spec rejected drafts",
+            sum(s["spec_stats"][1] - s["spec_stats"][2] for s in steps if "spec_stats" in s),
+        ),
+        (
+            "async spec examples with preemption and drafts",
+            any(s.get("preempted") for s in steps) and any("spec_tokens" in s for s in steps),
+        ),
+        (
+            "async spec steps cutting drafts short",
+            sum(
+                len(t) < workload.config["num_speculative_tokens"]
+                for s in steps
+                for _, t in s.get("spec_tokens", ())
+            ),
+        ),
+    ):
+        counts[key] = counts.get(key, 0) + value
+    diff = first_difference(expected, got, field_words=ASYNC_FIELD_WORDS)
+    assert diff is None, f"{diff}\nconfig: {workload.config}"
+
+
+@pytest.mark.xdist_group("async-spec-lockstep")
+def test_async_spec_workloads_exercise_drafts(counts):
+    """The async speculative workloads must schedule drafts, accept some,
+    reject some, cut some short (budget or model length), and preempt
+    requests that carry drafts. Runs after the test above."""
+    if counts.get("async spec examples", 0) < 50:
+        pytest.skip("too few async speculative lockstep examples ran to judge coverage")
+    for key in (
+        "async spec steps with drafts",
+        "async spec accepted drafts",
+        "async spec rejected drafts",
+        "async spec examples with preemption and drafts",
+        "async spec steps cutting drafts short",
+    ):
+        assert counts[key] > 0, counts
+
+
+def test_async_decode_schedules_1_plus_k_with_drafts(upstream):
+    """With k = 3 drafts (a drafter in the worker, as EAGLE/MTP), upstream's
+    AsyncScheduler schedules 1 + k tokens per decode step and holds 1 + k
+    placeholders per step in flight; the accepted drafts come back late and
+    the rejected ones are taken back off. mini_vllm's trace is the same."""
+    workload = Workload(
+        "steady-k3",
+        {
+            "block_size": 4,
+            "num_blocks": 64,
+            "max_num_batched_tokens": 64,
+            "max_model_len": 64,
+            "num_speculative_tokens": 3,
+        },
+        [RequestSpec("a", list(range(1, 10)), max_tokens=12, accepted=[3, 1, 0, 2])],
+    )
+    expected = run_workload_async(upstream, workload)
+    decode_steps = [s for s in expected["steps"][1:] if s.get("scheduled")]
+    assert decode_steps and all(s["scheduled"] == [["a", 4]] for s in decode_steps), decode_steps
+    assert all(s["spec_tokens"] == [["a", [-1, -1, -1]]] for s in decode_steps)
+    # Two steps in flight, each with 1 + k placeholders.
+    assert [n for _, n in decode_steps[1]["scheduled_placeholders"]] == [8]
+    assert (
+        first_difference(
+            expected, run_workload_async(mini, workload), field_words=ASYNC_FIELD_WORDS
+        )
+        is None
+    )
 
 
 def test_async_placeholders_go_1_2_1(upstream):

@@ -15,12 +15,22 @@ back), 2, 1, ... Its ``num_computed_tokens`` runs ahead of ``num_tokens``
 by the placeholders, and the update that brings a token in lands one step
 late.
 
-What is left out (speculative drafts, structured output, KV connectors),
-and where mini_vllm spells a piece of upstream's base ``Scheduler`` here
-instead of in ``scheduler.py``: UPSTREAM_PIN.md.
+With k speculative tokens drafted in the worker (upstream's EAGLE, MTP,
+draft-model and n-gram-GPU drafters; the CPU n-gram drafter is refused with
+async scheduling) the scheduler never sees a draft's id: each request that
+samples holds k ``-1`` placeholder drafts, a decode step schedules 1 + k
+tokens and adds 1 + k placeholders, and when the output comes back the
+base takes the rejected drafts off the computed tokens and the
+placeholders. mini_vllm's engine has no such drafter; the scheduler is
+checked against upstream's in lockstep.
+
+What is left out (structured output, KV connectors, the lookahead slots
+EAGLE reserves), and where mini_vllm spells a piece of upstream's base
+``Scheduler`` here instead of in ``scheduler.py``: UPSTREAM_PIN.md.
 
 Invariants kept, between steps:
-- ``0 <= num_output_placeholders <= 2`` (one per step in flight);
+- ``0 <= num_output_placeholders <= 2 * (1 + k)`` (1 + its drafts per step
+  in flight);
 - ``num_computed_tokens <= num_tokens + num_output_placeholders`` for a
   running request;
 - a request whose output stops it while it sits preempted in the waiting
@@ -38,10 +48,19 @@ from mini_vllm.request import Request, RequestStatus
 
 
 class AsyncScheduler(Scheduler):
+    # mirrors vllm/v1/core/sched/async_scheduler.py:13-16
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # The drafts a request holds between steps: their ids are proposed in
+        # the worker and never come back here, only how many were accepted.
+        # One shared read-only list (schedule() slices it, never changes it).
+        self._spec_token_placeholders: list[int] = [-1] * self.num_spec_tokens
+
     # mirrors vllm/v1/core/sched/async_scheduler.py:18-35
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        """Advance the counts as the base does, then add one placeholder per
-        request that samples this step (a prefill chunk samples nothing)."""
+        """Advance the counts as the base does, then add placeholders for
+        each request that samples this step (a prefill chunk samples nothing):
+        one for its sampled token and one per draft it verifies."""
         cached = scheduler_output.scheduled_cached_reqs
         # The workers count the in-flight tokens as outputs already
         # (upstream adds them in _make_cached_request_data, scheduler.py:1082).
@@ -52,15 +71,24 @@ class AsyncScheduler(Scheduler):
         # The base class by name, not super(): the lab starter's class
         # subclasses this one, and super() there would run this method again.
         Scheduler._update_after_schedule(self, scheduler_output)
-        # BEGIN LAB 14.1: placeholders: one per request that samples this step
+        # BEGIN LAB 14.1: placeholders: 1 + its drafts per request that samples this step
         # HINT: scheduler_output.num_scheduled_tokens holds every scheduled request's id;
         # HINT: a request still mid-prefill after this chunk (is_prefill_chunk) samples nothing.
+        # HINT: A request verifying drafts this step (scheduler_output.scheduled_spec_decode_tokens)
+        # HINT: may get them all back as tokens: one placeholder each, on top of its own sampled
+        # HINT: token. Then give it self._spec_token_placeholders as its next drafts (the worker
+        # HINT: proposes them; their ids never reach the scheduler).
+        spec_decode_tokens = scheduler_output.scheduled_spec_decode_tokens
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
             if request.is_prefill_chunk:
                 continue
-            # This step samples one token for it, not known until it is back.
-            request.num_output_placeholders += 1
+            # This step samples one token for it and verifies its drafts; how
+            # many come back is not known until the output is.
+            request.num_output_placeholders += 1 + len(spec_decode_tokens.get(req_id, ()))
+            # Its next step verifies k drafts the worker proposes meanwhile
+            # (empty without speculation).
+            request.spec_token_ids = self._spec_token_placeholders
         # END LAB 14.1
 
     # mirrors vllm/v1/core/sched/async_scheduler.py:37-61

@@ -25,11 +25,12 @@ from phase14_helpers import async_scheduler, runner_output, written
 import mini_vllm.testing as mini
 from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.async_workload import ASYNC_FIELD_WORDS, run_workload_async
-from mini_vllm.oracle.strategies import workloads
+from mini_vllm.oracle.strategies import spec_workloads, workloads
 from mini_vllm.oracle.workload import RequestSpec, Workload, first_difference
 from mini_vllm.request import RequestStatus
 
 LOCKSTEP = lab_settings(60)
+LOCKSTEP_SPEC = lab_settings(30)
 EOS = mini.EOS_TOKEN_ID
 SMALL = dict(block_size=4, num_blocks=20, max_num_batched_tokens=64, max_model_len=32)
 
@@ -179,6 +180,77 @@ def test_a_request_stopped_while_preempted_leaves_the_waiting_queue(impl):
     assert b.output_token_ids == [12], f"b's late token is still its output: {b.output_token_ids}"
 
 
+@pytest.mark.points(4)
+def test_a_request_length_capped_while_preempted_leaves_the_waiting_queue(impl):
+    # As above, but b's late token is an ordinary one that reaches its
+    # max_tokens (1): b finishes FINISHED_LENGTH_CAPPED, not by a stop token.
+    sched = async_scheduler(impl.async_scheduler.AsyncScheduler, **{**SMALL, "num_blocks": 3})
+    a = mini.create_requests(1, req_ids=["a"], prompt_token_ids=[[1, 2, 3, 4]], block_size=4)[0]
+    (b,) = mini.create_requests(
+        1, req_ids=["b"], prompt_token_ids=[[5, 6, 7, 8]], max_tokens=1, block_size=4
+    )
+    sched.add_request(a)
+    sched.add_request(b)
+    s1 = written(sched.schedule)
+    s2 = written(sched.schedule)
+    assert s2.preempted_req_ids == {"b"} and b.status == RequestStatus.PREEMPTED
+    result = written(sched.update_from_output, s1, runner_output(s1, {"a": [11], "b": [12]}))
+    assert b.status == RequestStatus.FINISHED_LENGTH_CAPPED, (
+        f"b (max_tokens=1) was preempted when step 1's token for it, 12, came back: that "
+        f"token is its last, so b must finish FINISHED_LENGTH_CAPPED; got {b.status.name}."
+    )
+    waiting = [r.request_id for r in sched.waiting]
+    assert "b" not in waiting, (
+        f"b was preempted (it sits in the waiting queue) when its late token reached "
+        f"max_tokens and finished it (length, not a stop token). Every request the update "
+        f"finished leaves the waiting queue, whatever ended it; waiting holds {waiting}."
+    )
+    finished = [(o.request_id, o.finish_reason) for o in result.outputs if o.finish_reason]
+    assert [r for r, _ in finished] == ["b"], f"finished outputs: {finished}"
+    for k in range(3):  # the rest runs; b never comes back
+        s1, s2 = s2, written(sched.schedule)
+        assert "b" not in s2.num_scheduled_tokens, "b finished; it was scheduled again"
+        written(sched.update_from_output, s1, runner_output(s1, {"a": [13 + k]}))
+    assert "b" not in sched.requests, "the finished request should be gone from the scheduler"
+
+
+@pytest.mark.points(4)
+def test_drafts_hold_placeholders_until_the_late_output(impl):
+    # k = 3 drafts, proposed in the worker (EAGLE/MTP): the scheduler only
+    # ever holds -1 placeholders for their ids.
+    sched, req = one_request(impl, list(range(1, 10)), max_tokens=20, num_speculative_tokens=3)
+    s1 = written(sched.schedule)
+    assert req.num_output_placeholders == 1 and list(req.spec_token_ids) == [-1, -1, -1], (
+        f"Step 1 runs the prompt and samples a token (1 placeholder), and the request's next "
+        f"step verifies 3 drafts the worker proposes meanwhile: spec_token_ids should be "
+        f"[-1, -1, -1] (self._spec_token_placeholders); got placeholders "
+        f"{req.num_output_placeholders}, spec_token_ids {list(req.spec_token_ids)}."
+    )
+    s2 = written(sched.schedule)
+    assert s2.num_scheduled_tokens == {"a": 4}, (
+        f"Step 2 is a decode with 3 drafts: 1 + 3 tokens; got {s2.num_scheduled_tokens}."
+    )
+    assert counts(req) == (5, 13, 9), (
+        f"After step 2 is scheduled, (placeholders, computed, tokens) should be (5, 13, 9): "
+        f"step 1's token, and step 2's token and its 3 drafts, all still in flight; got "
+        f"{counts(req)}. Add 1 + the drafts scheduled for it per step."
+    )
+    written(sched.update_from_output, s1, runner_output(s1, {"a": [7]}))
+    s3 = written(sched.schedule)
+    assert s3.num_scheduled_tokens == {"a": 4} and counts(req) == (8, 17, 10), (
+        f"Step 1's token is back, step 3 scheduled: (placeholders, computed, tokens) should be "
+        f"(8, 17, 10); got {counts(req)}."
+    )
+    # Step 2's output: 1 draft accepted and one token more; 2 drafts rejected.
+    written(sched.update_from_output, s2, runner_output(s2, {"a": [8, 9]}))
+    assert counts(req) == (4, 15, 12), (
+        f"Step 2 verified 3 drafts and 1 was accepted: its output is 2 tokens, 2 drafts were "
+        f"rejected. (placeholders, computed, tokens) should be (4, 15, 12): the base takes the "
+        f"rejected drafts off the computed tokens and the placeholders, and the 2 tokens kept "
+        f"fill 2 placeholders (step 3's 4 stay); got {counts(req)}."
+    )
+
+
 @pytest.mark.points(5)
 def test_blocks_are_cached_when_the_late_token_completes_them(impl):
     # A 3-token prompt in blocks of 4: block 0's last slot is the first output.
@@ -218,4 +290,21 @@ def test_lockstep_with_upstreams_async_scheduler(impl, up, workload):
     assert diff is None, (
         f"Your AsyncScheduler and upstream's differ with outputs delivered one step late:\n"
         f"{diff}\nconfig: {workload.config}"
+    )
+
+
+@pytest.mark.upstream
+@pytest.mark.points(4)
+@pytest.mark.timeout(240)
+@LOCKSTEP_SPEC
+@given(workload=spec_workloads())
+def test_lockstep_with_upstreams_async_scheduler_and_drafts(impl, up, workload):
+    expected = run_workload_async(up, workload)
+    mine = async_scheduler(impl.async_scheduler.AsyncScheduler, **workload.config)
+    got = run_workload_async(mini, workload, scheduler=mine)
+    diff = first_difference(expected, got, field_words=ASYNC_FIELD_WORDS)
+    assert diff is None, (
+        f"Your AsyncScheduler and upstream's differ with 1-5 drafts per step (proposed in the "
+        f"worker, so the schedulers hold -1 placeholders; the fake model accepts some) and "
+        f"outputs delivered one step late:\n{diff}\nconfig: {workload.config}"
     )
