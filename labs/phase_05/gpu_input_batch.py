@@ -149,7 +149,7 @@ class InputBatch(_reference.InputBatch):
         """Move the request in row ``src`` to the hole at row ``tgt``."""
         # HINT: Everything that is per row moves: the id (and req_id_to_index), the output list,
         # HINT: the tokens in use (num_tokens_no_spec of them), every array of
-        # HINT: self.per_row_arrays, the block table row (block_table.move_row) and the
+        # HINT: self.per_row_arrays(), the block table row (block_table.move_row) and the
         # HINT: generators and min_tokens entries, which are keyed by row. src becomes a hole.
         # HINT: The logits processors hear of the move: append (src, tgt,
         # HINT: MoveDirectionality.UNIDIRECTIONAL) to self.batch_update_builder.moved.

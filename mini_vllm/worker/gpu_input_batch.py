@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from mini_vllm.sample.logits_processor import (
@@ -137,8 +138,7 @@ class InputBatch:
         self.top_p_cpu = self.top_p_cpu_tensor.numpy()  # float32 [max_num_reqs]
         self.top_p_reqs: set[str] = set()
 
-        # int64 on the device (mini's sampler gathers with it); int32 on the host.
-        self.top_k = torch.empty(max_num_reqs, dtype=torch.int64, device=device)
+        self.top_k = torch.empty(max_num_reqs, dtype=torch.int32, device=device)
         self.top_k_cpu_tensor = torch.empty(max_num_reqs, dtype=torch.int32, pin_memory=pin_memory)
         self.top_k_cpu = self.top_k_cpu_tensor.numpy()  # int32 [max_num_reqs]; vocab_size = off
         self.top_k_reqs: set[str] = set()
@@ -184,8 +184,11 @@ class InputBatch:
         # step's BatchUpdate by refresh_metadata.
         self.logitsprocs = logitsprocs or LogitsProcessors()
         self.batch_update_builder = BatchUpdateBuilder()
-        # The numpy arrays with one value per row: swap_states and condense move them all.
-        self.per_row_arrays = (
+        self.sampling_metadata = self._make_sampling_metadata()
+
+    def per_row_arrays(self) -> tuple[np.ndarray, ...]:
+        """The numpy arrays with one value per row: swap_states and condense move them all."""
+        return (
             self.num_tokens_no_spec,
             self.num_prompt_tokens,
             self.num_computed_tokens_cpu,
@@ -196,7 +199,6 @@ class InputBatch:
             self.presence_penalties_cpu,
             self.repetition_penalties_cpu,
         )
-        self.sampling_metadata = self._make_sampling_metadata()
 
     @property
     def req_ids(self) -> list[str | None]:
@@ -390,7 +392,7 @@ class InputBatch:
         pair, flipped = [i1, i2], [i2, i1]
         # Fancy indexing on the right copies, so each pair swaps safely.
         self.token_ids_cpu[pair, :n] = self.token_ids_cpu[flipped, :n]
-        for array in self.per_row_arrays:
+        for array in self.per_row_arrays():
             array[pair] = array[flipped]
         self.block_table.swap_row(i1, i2)
         for by_row in (self.generators, self.min_tokens):
@@ -438,7 +440,7 @@ class InputBatch:
         """Move the request in row ``src`` to the hole at row ``tgt``."""
         # HINT: Everything that is per row moves: the id (and req_id_to_index), the output list,
         # HINT: the tokens in use (num_tokens_no_spec of them), every array of
-        # HINT: self.per_row_arrays, the block table row (block_table.move_row) and the
+        # HINT: self.per_row_arrays(), the block table row (block_table.move_row) and the
         # HINT: generators and min_tokens entries, which are keyed by row. src becomes a hole.
         # HINT: The logits processors hear of the move: append (src, tgt,
         # HINT: MoveDirectionality.UNIDIRECTIONAL) to self.batch_update_builder.moved.
@@ -449,7 +451,7 @@ class InputBatch:
         self.req_id_to_index[req_id] = tgt
         n = self.num_tokens_no_spec[src]
         self.token_ids_cpu[tgt, :n] = self.token_ids_cpu[src, :n]
-        for array in self.per_row_arrays:
+        for array in self.per_row_arrays():
             array[tgt] = array[src]
         self.block_table.move_row(src, tgt)
         for by_row in (self.generators, self.min_tokens):

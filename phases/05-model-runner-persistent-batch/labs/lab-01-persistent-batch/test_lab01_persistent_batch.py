@@ -320,7 +320,7 @@ def test_a_moved_request_takes_everything_of_its_row(impl):
     got = {name: getattr(batch, name)[0].item() for name in wanted}
     assert got == wanted, (
         f"Row 0 after the move: {got}; expected m's {wanted}. Every per-row array "
-        "(self.per_row_arrays) moves with its request."
+        "(self.per_row_arrays()) moves with its request."
     )
     assert batch.generators.get(0) is mover.generator and 2 not in batch.generators, (
         "The generator is keyed by row: it must move from row 2 to row 0 (same object), or "
