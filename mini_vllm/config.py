@@ -7,7 +7,7 @@ Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 (config/attention.py), ``SpeculativeConfig`` (config/speculative.py:74, the
 n-gram method only) and ``VllmConfig`` (config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
-path, dtype, seed, ``max_logprobs``, ``logits_processors`` and ``logprobs_mode``
+path, dtype, ``quantization``, seed, ``max_logprobs``, ``logits_processors`` and ``logprobs_mode``
 (upstream checks its four values with pydantic; mini with
 ``verify_logprobs_mode``); its ``verify_max_model_len`` is the check at
 the end of upstream's ``_get_and_verify_max_len`` (config/model.py:2119).
@@ -106,6 +106,9 @@ class ModelConfig:
     model: str | None = None
     # "auto" = float32 on CPU, bfloat16 on CUDA; or "float32"/"float16"/"bfloat16".
     dtype: str = "auto"
+    # None, or a method of model_executor/layers/quantization (upstream's names).
+    # Upstream forces "gguf" for a GGUF model; mini_vllm's None dequantizes it at load.
+    quantization: str | None = None
     seed: int = 0
     # Most logprobs a request may ask for (upstream's default, 20; -1: no cap).
     max_logprobs: int = 20
@@ -117,7 +120,10 @@ class ModelConfig:
     logprobs_mode: str = "raw_logprobs"
 
     def verify(self) -> None:
+        from mini_vllm.model_executor.layers.quantization import verify_quantization
+
         verify_logprobs_mode(self.logprobs_mode)
+        verify_quantization(self.quantization)
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}.")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):

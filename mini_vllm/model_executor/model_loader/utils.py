@@ -1,9 +1,10 @@
 """Building an empty model of the right class, dtype and device.
 
 Mirrors upstream ``vllm/model_executor/model_loader/utils.py`` at v0.22.1
-(``initialize_model`` at :40; the dtype context is ``set_default_torch_dtype``
-(vllm/utils/torch_utils.py:146)). Left out: quantization configs, the
-``vllm_config`` plumbing, ``process_weights_after_loading``.
+(``initialize_model`` at :40, ``process_weights_after_loading`` at :99; the
+dtype context is ``set_default_torch_dtype`` (vllm/utils/torch_utils.py:146)).
+Left out: the ``vllm_config`` plumbing, CPU offloading, attention layers'
+own post-load step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from mini_vllm.model_executor.layers.quantization.base_config import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
 from mini_vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from mini_vllm.model_executor.models import resolve_model_cls
 
@@ -44,7 +49,10 @@ def resolve_dtype(dtype: torch.dtype | str, hf_config: PretrainedConfig) -> torc
 
 
 def initialize_model(
-    hf_config: PretrainedConfig, device: torch.device | str, dtype: torch.dtype
+    hf_config: PretrainedConfig,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    quant_config: QuantizationConfig | None = None,
 ) -> nn.Module:
     """The architecture's model class on ``device``, parameters in ``dtype``, left *unset*.
 
@@ -56,9 +64,17 @@ def initialize_model(
     """
     model_cls = resolve_model_cls(hf_config)
     with set_default_torch_dtype(dtype), torch.device("meta"):
-        model = model_cls(hf_config)
+        model = model_cls(hf_config, quant_config=quant_config)
     model = model.to_empty(device=device)
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.cos_sin_cache = module._compute_cos_sin_cache().to(device)
     return model.eval()
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Let every layer's quantization method finish its weights once all are loaded."""
+    for module in model.modules():
+        quant_method = getattr(module, "quant_method", None)
+        if isinstance(quant_method, QuantizeMethodBase):
+            quant_method.process_weights_after_loading(module)

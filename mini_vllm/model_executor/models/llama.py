@@ -4,15 +4,18 @@ Mirrors upstream ``vllm/model_executor/models/llama.py`` at v0.22.1
 (``LlamaMLP`` at :81, ``LlamaAttention`` at :124, ``LlamaDecoderLayer`` at
 :253, ``LlamaModel`` at :350 with its ``LlamaModel.load_weights`` at :436,
 ``LlamaForCausalLM`` at :501). Left out: tensor and pipeline parallelism
-(plain ``nn.Linear`` / ``nn.Embedding`` instead of the parallel layers),
-quantization, LoRA, EAGLE hooks, torch.compile, sliding-window layers,
-bidirectional (encoder-only) use, ``logit_scale``, and the GGUF-specific
-GPT-J RoPE (mini_vllm's loader un-permutes GGUF q/k weights instead).
+(mini_vllm's "parallel" layers hold whole weights), LoRA, EAGLE hooks,
+torch.compile, sliding-window layers, bidirectional (encoder-only) use,
+``logit_scale``, and the GGUF-specific GPT-J RoPE (mini_vllm's loader
+un-permutes GGUF q/k weights instead).
 
 Kept from upstream: q, k and v come out of one fused ``qkv_proj`` matmul,
 gate and up out of one ``gate_up_proj``; ``load_weights`` takes Hugging
-Face tensor names and copies each ``q_proj``/``k_proj``/``v_proj`` (or
-``gate_proj``/``up_proj``) into its slice of the fused weight. The residual
+Face tensor names and hands each ``q_proj``/``k_proj``/``v_proj`` (or
+``gate_proj``/``up_proj``) to its layer's ``weight_loader`` with its shard
+id. Every linear layer and the embedding take a ``quant_config`` and let
+its method own their weights (layers/quantization/): a GGUF checkpoint's
+``qweight``/``qweight_type`` tensors load the same way as ``weight``. The residual
 add is fused into the next RMSNorm call, as upstream does.
 
 The batch is flat: ``forward(input_ids [T], positions [T]) -> [T, hidden]``
@@ -27,14 +30,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
 from mini_vllm.model_executor.layers.activation import SiluAndMul
 from mini_vllm.model_executor.layers.attention import Attention
 from mini_vllm.model_executor.layers.layernorm import RMSNorm
+from mini_vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from mini_vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from mini_vllm.model_executor.layers.rotary_embedding import get_rope
+from mini_vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
 
 # (fused parameter, checkpoint name it absorbs, which slice): see load_weights.
 STACKED_PARAMS_MAPPING = [
@@ -57,7 +69,13 @@ def rope_parameters(config: PretrainedConfig) -> dict:
 
 class LlamaMLP(nn.Module):
     def __init__(
-        self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool = False
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str,
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         if hidden_act != "silu":
@@ -65,20 +83,25 @@ class LlamaMLP(nn.Module):
                 f"Unsupported activation {hidden_act!r}: only 'silu' (SwiGLU) is supported"
             )
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias, quant_config, f"{prefix}.gate_up_proj"
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias, quant_config, f"{prefix}.down_proj"
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
-    def shard_slice(self, shard_id: int) -> slice:
-        """Rows of ``gate_up_proj`` that hold gate (0) or up (1)."""
-        return slice(shard_id * self.intermediate_size, (shard_id + 1) * self.intermediate_size)
-
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: PretrainedConfig, prefix: str = "") -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        prefix: str = "",
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
         super().__init__()
         self.hidden_size = config.hidden_size
         self.num_heads = config.num_attention_heads
@@ -89,19 +112,24 @@ class LlamaAttention(nn.Module):
         self.scaling = self.head_dim**-0.5
         bias = bool(getattr(config, "attention_bias", False))
 
-        self.qkv_proj = nn.Linear(self.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, self.hidden_size, bias=bias)
+        self.qkv_proj = QKVParallelLinear(
+            self.hidden_size,
+            self.head_dim,
+            self.num_heads,
+            self.num_kv_heads,
+            bias,
+            quant_config,
+            f"{prefix}.qkv_proj",
+        )
+        self.o_proj = RowParallelLinear(
+            self.q_size, self.hidden_size, bias, quant_config, f"{prefix}.o_proj"
+        )
         self.rotary_emb = get_rope(
             self.head_dim, config.max_position_embeddings, rope_parameters(config)
         )
         self.attn = Attention(
             self.num_heads, self.head_dim, self.scaling, self.num_kv_heads, prefix=f"{prefix}.attn"
         )
-
-    def shard_slice(self, shard_id: str) -> slice:
-        """Rows of ``qkv_proj`` that hold q, k or v."""
-        start = {"q": 0, "k": self.q_size, "v": self.q_size + self.kv_size}[shard_id]
-        return slice(start, start + (self.q_size if shard_id == "q" else self.kv_size))
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
@@ -113,17 +141,26 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     attention_cls: type[nn.Module] = LlamaAttention
 
-    def __init__(self, config: PretrainedConfig, prefix: str = "") -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        prefix: str = "",
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
         super().__init__()
         layer_types = getattr(config, "layer_types", None) or []
         if getattr(config, "use_sliding_window", False) or "sliding_attention" in layer_types:
             raise ValueError("sliding-window attention is not supported by mini_vllm")
-        self.self_attn = self.attention_cls(config, prefix=f"{prefix}.self_attn")
+        self.self_attn = self.attention_cls(
+            config, prefix=f"{prefix}.self_attn", quant_config=quant_config
+        )
         self.mlp = LlamaMLP(
             config.hidden_size,
             config.intermediate_size,
             config.hidden_act,
             bias=bool(getattr(config, "mlp_bias", False)),
+            quant_config=quant_config,
+            prefix=f"{prefix}.mlp",
         )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -150,11 +187,14 @@ class LlamaModel(nn.Module):
         config: PretrainedConfig,
         layer_cls: type[nn.Module] = LlamaDecoderLayer,
         prefix: str = "model",
+        quant_config: QuantizationConfig | None = None,
     ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, quant_config, f"{prefix}.embed_tokens"
+        )
         self.layers = nn.ModuleList(
-            layer_cls(config, prefix=f"{prefix}.layers.{i}")
+            layer_cls(config, prefix=f"{prefix}.layers.{i}", quant_config=quant_config)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -171,16 +211,21 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     decoder_layer_cls: type[nn.Module] = LlamaDecoderLayer
 
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(
+        self, config: PretrainedConfig, quant_config: QuantizationConfig | None = None
+    ) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, self.decoder_layer_cls)
+        self.quant_config = quant_config
+        self.model = LlamaModel(config, self.decoder_layer_cls, quant_config=quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             # The output projection *is* the embedding table ([vocab, hidden]).
             self.lm_head = self.model.embed_tokens
         else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = ParallelLMHead(
+                config.vocab_size, config.hidden_size, quant_config, prefix="lm_head"
+            )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: int64 [T] (flat batch) -> hidden_states [T, hidden]."""
@@ -188,7 +233,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [N, hidden] (the rows to sample from) -> logits [N, vocab]."""
-        return F.linear(hidden_states, self.lm_head.weight)
+        return self.lm_head.quant_method.apply(self.lm_head, hidden_states)
 
     def attention_layers(self) -> list[Attention]:
         """The Attention layers in layer order: one paged KV cache each."""
@@ -232,7 +277,6 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(
                     f"checkpoint tensor {ckpt_name!r} matches no parameter of {type(self).__name__}"
                 )
-            param = params[name]
             key = name if shard_id is None else f"{name}[{shard_id}]"
             if key not in expected:
                 raise ValueError(
@@ -241,17 +285,19 @@ class LlamaForCausalLM(nn.Module):
                 )
             if key in filled:
                 raise ValueError(f"checkpoint tensor {ckpt_name!r} appears twice")
-            target = param.data
-            if shard_id is not None:
-                owner = self.get_submodule(name.rsplit(".", 2)[0])
-                target = target[owner.shard_slice(shard_id)]
-            if tuple(tensor.shape) != tuple(target.shape):
-                raise ValueError(
-                    f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}, "
-                    f"expected {tuple(target.shape)}"
-                )
-            with torch.no_grad():
-                target.copy_(tensor)
+            owner_name, _, param_name = name.rpartition(".")
+            owner = self.get_submodule(owner_name)
+            if hasattr(owner, "weight_loader"):  # linear and embedding layers
+                owner.weight_loader(param_name, tensor, shard_id, ckpt_name)
+            else:  # norms
+                target = params[name].data
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise ValueError(
+                        f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}, "
+                        f"expected {tuple(target.shape)}"
+                    )
+                with torch.no_grad():
+                    target.copy_(tensor)
             filled.add(key)
 
         missing = sorted(expected[key] for key in expected.keys() - filled)

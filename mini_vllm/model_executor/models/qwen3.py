@@ -24,6 +24,7 @@ import torch
 from transformers import PretrainedConfig
 
 from mini_vllm.model_executor.layers.layernorm import RMSNorm
+from mini_vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from mini_vllm.model_executor.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -32,8 +33,13 @@ from mini_vllm.model_executor.models.llama import (
 
 
 class Qwen3Attention(LlamaAttention):
-    def __init__(self, config: PretrainedConfig, prefix: str = "") -> None:
-        super().__init__(config, prefix)
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        prefix: str = "",
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
+        super().__init__(config, prefix, quant_config)
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
 

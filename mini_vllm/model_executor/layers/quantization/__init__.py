@@ -1,0 +1,41 @@
+"""Quantization methods by name: ``quantization=...`` on ``LLM``, the CLI and the server.
+
+Mirrors upstream ``vllm/model_executor/layers/quantization/__init__.py`` at
+v0.22.1 (the ``QuantizationMethods`` literal, and ``get_quantization_config``
+at :109) with the methods mini_vllm has. The check of a name against the model
+is upstream's ``ModelConfig._verify_quantization`` (vllm/config/model.py);
+here ``verify_quantization``, run before the model loads.
+"""
+
+from __future__ import annotations
+
+from mini_vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+QUANTIZATION_METHODS: list[str] = ["gguf"]
+
+
+def verify_quantization(quantization: str | None, checkpoint_kind: str | None = None) -> None:
+    """ValueError in one line for an unknown method or one the checkpoint cannot take.
+
+    ``checkpoint_kind``: "gguf" or "hf" (see model_loader.find_checkpoint), None if unknown."""
+    if quantization is None:
+        return
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(
+            f"Unknown quantization method: {quantization}. Must be one of {QUANTIZATION_METHODS}."
+        )
+    if quantization == "gguf" and checkpoint_kind not in (None, "gguf"):
+        raise ValueError(
+            "quantization='gguf' keeps a GGUF file's weights quantized: the model must be "
+            "a .gguf file (or a folder holding one)."
+        )
+
+
+def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
+    verify_quantization(quantization)
+    from mini_vllm.model_executor.layers.quantization.gguf import GGUFConfig
+
+    return {"gguf": GGUFConfig}[quantization]
+
+
+__all__ = ["QUANTIZATION_METHODS", "get_quantization_config", "verify_quantization"]
