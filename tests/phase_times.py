@@ -13,7 +13,7 @@ workers busy, the wall clock is about half of the sum.
 
 BUDGET_S is what one phase may cost in ``make test`` (the fast tier): twenty
 phases at this budget, the phase-independent tests and the installs keep a
-fresh-clone ``make test`` under 35 minutes on a 2-core machine (README.md,
+fresh-clone ``make test`` under 35 minutes on a 2-core machine (tests/README.md,
 "Two tiers", gives the arithmetic).
 
 tests/conftest.py registers it for ``pytest``; a notebook-only run loads it

@@ -1,6 +1,7 @@
 """The phase documents cite upstream and mini_vllm truthfully.
 
-For every ``phases/*/*.md``:
+For every ``phases/*/*.md`` (each phase's README included) and the READMEs
+outside ``phases/`` (``README_DOCS``):
 
 - every ``vllm/<path>.py:<line>`` is in a checked form and holds at the
   installed pin. The single-line forms are UPSTREAM_PIN.md's, checked by the
@@ -68,6 +69,16 @@ pytestmark = pytest.mark.upstream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PHASE_DOCS = sorted(REPO_ROOT.glob("phases/**/*.md"))
+README_DOCS = [
+    REPO_ROOT / rel
+    for rel in (
+        "README.md",
+        "tests/README.md",
+        "mini_vllm/README.md",
+        "mini_vllm/benchmarks/README.md",
+    )
+]
+DOCS = PHASE_DOCS + README_DOCS
 PHASE_03 = REPO_ROOT / "phases" / "03-continuous-batching-scheduler"
 PHASE_03_FILES = (
     "00-guide.md",
@@ -302,7 +313,7 @@ def test_the_phase_02_mini_build_names_its_symbols():
     assert n >= 20, f"Phase 02's 02-mini-build.md checks only {n} mini_vllm references"
 
 
-@pytest.mark.parametrize("doc", PHASE_DOCS, ids=_rel)
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
 def test_upstream_citations_hold_at_the_pin(doc: Path):
     problems, _ = check_upstream_citations(doc.read_text(encoding="utf-8"), _rel(doc))
     assert not problems, "\n".join(problems)
@@ -315,7 +326,7 @@ def test_the_deep_dive_cites_upstream_throughout():
     assert n >= 60, f"the deep dive has only {n} checked upstream citations"
 
 
-@pytest.mark.parametrize("doc", PHASE_DOCS, ids=_rel)
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
 def test_mini_vllm_references_resolve(doc: Path):
     problems, _ = check_mini_references(doc.read_text(encoding="utf-8"), _rel(doc))
     assert not problems, "\n".join(problems)
@@ -330,7 +341,7 @@ def test_the_mini_build_names_its_symbols():
 
 def _examples() -> list[tuple[str, int, str, str]]:
     found = []
-    for doc in PHASE_DOCS:
+    for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
         for m in EXAMPLE_RE.finditer(text):
             found.append((_rel(doc), text.count("\n", 0, m.start()) + 1, m["code"], m["out"]))
