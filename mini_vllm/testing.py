@@ -19,9 +19,19 @@ from mini_vllm.config import (
     VllmConfig,
 )
 from mini_vllm.core.kv_cache_manager import KVCacheManager
-from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
+from mini_vllm.core.kv_cache_utils import (
+    get_request_block_hasher,
+    make_block_hash_with_group_id,
+    sha256,
+)
 from mini_vllm.core.sched.async_scheduler import AsyncScheduler
 from mini_vllm.core.sched.scheduler import Scheduler
+from mini_vllm.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
 from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -93,6 +103,18 @@ def create_scheduler(
     if scheduler_cls is None:
         scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
     return scheduler_cls(vllm_config, log_stats=True)
+
+
+def first_hit(pool, block_hash, group_id: int = 0):
+    """The block ``pool`` would hand out for ``block_hash`` in KV-cache group
+    ``group_id`` (the oldest cached under that key), or None."""
+    hit = pool.get_cached_block(block_hash, [group_id])
+    return None if hit is None else hit[0]
+
+
+def cache_key(block_hash, group_id: int = 0) -> bytes:
+    """A block's ``block_hash`` once cached: its hash with the group id appended."""
+    return make_block_hash_with_group_id(block_hash, group_id)
 
 
 def create_requests(
@@ -227,24 +249,54 @@ def create_kv_cache_manager(
     max_model_len: int = 8192,
     enable_caching: bool = True,
     manager_cls: type | None = None,
+    groups: list | None = None,
 ) -> KVCacheManager:
     """A KV cache manager over ``num_blocks`` blocks (block 0 is the null
-    block), as the scheduler builds it (``mini_vllm.oracle.kv_workload``)."""
+    block), as the scheduler builds it (``mini_vllm.oracle.kv_workload``).
+    ``groups``: one entry per KV-cache group, ``None`` for full attention or
+    a sliding window's size (default: one full-attention group)."""
+    kv_cache_config = None
+    if groups is not None:
+        kv_cache_config = kv_cache_config_of(num_blocks, block_size, groups)
     return (manager_cls or KVCacheManager)(
-        num_blocks, block_size, max_model_len, enable_caching=enable_caching
+        num_blocks,
+        block_size,
+        max_model_len,
+        enable_caching=enable_caching,
+        kv_cache_config=kv_cache_config,
+    )
+
+
+def kv_cache_config_of(num_blocks: int, block_size: int, groups: list) -> KVCacheConfig:
+    """A ``KVCacheConfig`` of one one-layer group per entry of ``groups``
+    (``None``: full attention; an int: that sliding window); no tensors."""
+    import torch
+
+    specs = []
+    for window in groups:
+        common = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        if window is None:
+            specs.append(FullAttentionSpec(**common))
+        else:
+            specs.append(SlidingWindowSpec(sliding_window=window, **common))
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"layer.{i}"], s) for i, s in enumerate(specs)],
     )
 
 
 def manager_state(manager) -> dict:
     """What a KV-cache trace records after each operation."""
-    from mini_vllm.oracle.kv_workload import pool_state
+    from mini_vllm.oracle.kv_workload import groups_state, pool_state
 
-    return pool_state(
-        manager.block_pool,
-        manager.req_to_blocks,
-        manager.num_cached_block,
-        manager.prefix_cache_stats,
-    )
+    coordinator = manager.coordinator
+    managers = [manager] if coordinator is None else coordinator.single_type_managers
+    if len(managers) == 1:
+        tables, num_cached_block = managers[0].req_to_blocks, managers[0].num_cached_block
+    else:
+        tables, num_cached_block = groups_state(managers)
+    return pool_state(manager.block_pool, tables, num_cached_block, manager.prefix_cache_stats)
 
 
 def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:

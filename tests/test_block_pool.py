@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mini_vllm.core.block_pool import BlockPool
-from mini_vllm.testing import create_requests
+from mini_vllm.testing import cache_key, create_requests, first_hit
 
 BS = 4  # block size used for the requests whose hashes we cache
 
@@ -157,8 +157,8 @@ def test_cache_full_blocks_registers_each_block_under_its_hash():
     blocks = pool.get_new_blocks(2)
     pool.cache_full_blocks(req, blocks, 0, 2)
     for blk, h in zip(blocks, req.block_hashes, strict=True):
-        assert blk.block_hash == h
-        assert pool.get_cached_block(h) is blk
+        assert blk.block_hash == cache_key(h)
+        assert first_hit(pool, h) is blk
 
 
 def test_cache_full_blocks_only_touches_the_requested_range():
@@ -167,8 +167,8 @@ def test_cache_full_blocks_only_touches_the_requested_range():
     req = cached_request(3 * BS)
     blocks = pool.get_new_blocks(4)
     pool.cache_full_blocks(req, blocks, 1, 2)
-    assert [b.block_hash for b in blocks] == [None, req.block_hashes[1], None, None]
-    assert pool.get_cached_block(req.block_hashes[0]) is None
+    assert [b.block_hash for b in blocks] == [None, cache_key(req.block_hashes[1]), None, None]
+    assert first_hit(pool, req.block_hashes[0]) is None
     pool.cache_full_blocks(req, blocks, 2, 2)  # empty range: no-op
     assert blocks[2].block_hash is None
 
@@ -176,7 +176,7 @@ def test_cache_full_blocks_only_touches_the_requested_range():
 def test_uncached_hash_misses():
     """A hash nobody registered is not a hit."""
     pool = BlockPool(4, enable_caching=True)
-    assert pool.get_cached_block(cached_request(BS).block_hashes[0]) is None
+    assert first_hit(pool, cached_request(BS).block_hashes[0]) is None
 
 
 def test_freed_cached_blocks_stay_hits_until_reused():
@@ -189,19 +189,19 @@ def test_freed_cached_blocks_stay_hits_until_reused():
     pool.free_blocks([b2, b1])  # tail first, as the manager does
     assert free_ids(pool) == [3, 2, 1]
     # Still hits while sitting in the free queue with no holder.
-    assert pool.get_cached_block(h0) is b1 and b1.ref_cnt == 0
-    assert pool.get_cached_block(h1) is b2 and b2.ref_cnt == 0
+    assert first_hit(pool, h0) is b1 and b1.ref_cnt == 0
+    assert first_hit(pool, h1) is b2 and b2.ref_cnt == 0
 
     # Block 3 was never cached: reusing it evicts nothing.
     pool.get_new_blocks(1)
-    assert pool.get_cached_block(h0) is b1 and pool.get_cached_block(h1) is b2
+    assert first_hit(pool, h0) is b1 and first_hit(pool, h1) is b2
 
     # Block 2 is next: reusing it evicts h1 (and only h1).
     (reused,) = pool.get_new_blocks(1)
     assert reused is b2
     assert b2.block_hash is None
-    assert pool.get_cached_block(h1) is None
-    assert pool.get_cached_block(h0) is b1
+    assert first_hit(pool, h1) is None
+    assert first_hit(pool, h0) is b1
 
 
 def test_a_free_cached_hit_can_be_revived_with_touch():
@@ -212,13 +212,13 @@ def test_a_free_cached_hit_can_be_revived_with_touch():
     (blk,) = pool.get_new_blocks(1)
     pool.cache_full_blocks(req, [blk], 0, 1)
     pool.free_blocks([blk])
-    hit = pool.get_cached_block(req.block_hashes[0])
+    hit = first_hit(pool, req.block_hashes[0])
     pool.touch([hit])
     assert hit is blk and blk.ref_cnt == 1
     assert blk.block_id not in free_ids(pool)
     # Allocating everything else cannot evict it any more.
     pool.get_new_blocks(pool.get_num_free_blocks())
-    assert pool.get_cached_block(req.block_hashes[0]) is blk
+    assert first_hit(pool, req.block_hashes[0]) is blk
 
 
 def test_duplicate_hashes_lookup_returns_the_oldest():
@@ -232,13 +232,13 @@ def test_duplicate_hashes_lookup_returns_the_oldest():
     b1, b2 = pool.get_new_blocks(2)
     pool.cache_full_blocks(req_a, [b2], 0, 1)  # block 2 cached first
     pool.cache_full_blocks(req_b, [b1], 0, 1)
-    assert b1.block_hash == b2.block_hash == h
-    assert pool.get_cached_block(h) is b2
+    assert b1.block_hash == b2.block_hash == cache_key(h)
+    assert first_hit(pool, h) is b2
 
     pool.free_blocks([b2])  # queue: [3, 4, 2]
     pool.get_new_blocks(3)  # reuses 3, 4, then 2: evicts block 2's entry
     assert b2.block_hash is None
-    assert pool.get_cached_block(h) is b1
+    assert first_hit(pool, h) is b1
 
 
 def test_reset_prefix_cache_refused_while_blocks_are_in_use():
@@ -248,8 +248,8 @@ def test_reset_prefix_cache_refused_while_blocks_are_in_use():
     (blk,) = pool.get_new_blocks(1)
     pool.cache_full_blocks(req, [blk], 0, 1)
     assert pool.reset_prefix_cache() is False
-    assert pool.get_cached_block(req.block_hashes[0]) is blk
-    assert blk.block_hash == req.block_hashes[0]
+    assert first_hit(pool, req.block_hashes[0]) is blk
+    assert blk.block_hash == cache_key(req.block_hashes[0])
 
 
 def test_reset_prefix_cache_forgets_every_hash_when_all_blocks_are_free():
@@ -261,7 +261,7 @@ def test_reset_prefix_cache_forgets_every_hash_when_all_blocks_are_free():
     pool.free_blocks(reversed(blocks))
     order_before = free_ids(pool)
     assert pool.reset_prefix_cache() is True
-    assert all(pool.get_cached_block(h) is None for h in req.block_hashes)
+    assert all(first_hit(pool, h) is None for h in req.block_hashes)
     assert all(b.block_hash is None for b in pool.blocks)
     assert free_ids(pool) == order_before  # the free queue itself is untouched
 

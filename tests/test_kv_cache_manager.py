@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from mini_vllm.core.kv_cache_manager import KVCacheManager
 from mini_vllm.kv_cache_interface import cdiv
-from mini_vllm.testing import create_requests
+from mini_vllm.testing import cache_key, create_requests, first_hit
 
 BS = 4
 
@@ -121,7 +121,7 @@ def test_prompt_of_exactly_k_full_blocks_hits_at_most_k_minus_1(k):
     a = make_request([1] * (k * BS), "a")
     admit(mgr, a)
     # all k blocks of "a" are cached ...
-    assert all(mgr.block_pool.get_cached_block(h) is not None for h in a.block_hashes)
+    assert all(first_hit(mgr.block_pool, h) is not None for h in a.block_hashes)
     assert len(a.block_hashes) == k
     # ... yet the same prompt hits only k - 1 of them
     _, n = mgr.get_computed_blocks(make_request([1] * (k * BS), "b"))
@@ -169,8 +169,8 @@ def test_hit_is_a_contiguous_prefix_even_if_later_blocks_are_cached():
     pool.touch([second])  # someone holds the h1 block
     pool.get_new_blocks(pool.get_num_free_blocks())  # evicts h0 (block 1)
     pool.free_blocks([second])
-    assert pool.get_cached_block(a.block_hashes[0]) is None
-    assert pool.get_cached_block(a.block_hashes[1]) is second
+    assert first_hit(pool, a.block_hashes[0]) is None
+    assert first_hit(pool, a.block_hashes[1]) is second
 
     hits, n = mgr.get_computed_blocks(make_request([1] * 9, "b"))
     assert n == 0 and hits.get_block_ids() == ([],)
@@ -285,12 +285,12 @@ def test_full_blocks_are_cached_as_soon_as_allocated():
     a = make_request([1] * 10, "a")
     admit(mgr, a)
     blocks = mgr.req_to_blocks["a"]
-    assert [blk.block_hash for blk in blocks] == a.block_hashes + [None]
+    assert [blk.block_hash for blk in blocks] == [cache_key(h) for h in a.block_hashes] + [None]
     decode_step(mgr, a)  # 11 tokens: block 3 not yet full
     assert blocks[2].block_hash is None
     decode_step(mgr, a)  # 12 tokens: block 3 full
-    assert blocks[2].block_hash == a.block_hashes[2]
-    assert mgr.block_pool.get_cached_block(a.block_hashes[2]) is blocks[2]
+    assert blocks[2].block_hash == cache_key(a.block_hashes[2])
+    assert first_hit(mgr.block_pool, a.block_hashes[2]) is blocks[2]
 
 
 def test_lookahead_slots_are_not_cached():
@@ -301,7 +301,7 @@ def test_lookahead_slots_are_not_cached():
     mgr.allocate_slots(a, 6, num_lookahead_tokens=2)  # 8 slots, 6 real tokens
     blocks = mgr.req_to_blocks["a"]
     assert len(blocks) == 2
-    assert blocks[0].block_hash == a.block_hashes[0]
+    assert blocks[0].block_hash == cache_key(a.block_hashes[0])
     assert blocks[1].block_hash is None
 
 

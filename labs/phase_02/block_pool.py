@@ -27,7 +27,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from labs.phase_02.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+from labs.phase_02.kv_cache_utils import (  # noqa: F401 (a lab region uses it)
+    BlockHash,
+    BlockHashWithGroupId,
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+    make_block_hash_with_group_id,
+)
 from mini_vllm.core import block_pool as _reference
 
 if TYPE_CHECKING:
@@ -43,10 +49,11 @@ class BlockPool(_reference.BlockPool):
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        # hash -> {block_id: block}, oldest insertion first. Upstream stores a
-        # bare block when there is one and switches to a dict on the second;
-        # a dict always gives the same lookups with one code path.
-        self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        # (hash + group id) -> {block_id: block}, oldest insertion first.
+        # Upstream stores a bare block when there is one and switches to a
+        # dict on the second; a dict always gives the same lookups with one
+        # code path.
+        self.cached_block_hash_to_block: dict[BlockHashWithGroupId, dict[int, KVCacheBlock]] = {}
         # BEGIN LAB 02.2: the block pool: reserve the null block (block 0)
         # HINT: receives self.free_block_queue; leaves self.null_block set.
         # HINT: block 0 is a placeholder that is never handed out, freed or cached:
@@ -59,12 +66,16 @@ class BlockPool(_reference.BlockPool):
 
     # BEGIN LAB 02.3: prefix cache: look a block hash up
     # mirrors vllm/v1/core/block_pool.py:184-209
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """A block cached under ``block_hash``, or ``None``.
+    def get_cached_block(
+        self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
+        """For each group in ``kv_cache_group_ids``, a block cached under
+        ``block_hash`` in that group; ``None`` if any group misses.
 
-        When several blocks carry the hash (two requests computed the same
-        prefix), return the one cached first.
+        When several blocks carry the hash in a group (two requests computed
+        the same prefix), take the one cached first.
         """
+        # HINT: the key is make_block_hash_with_group_id(block_hash, group_id);
         # HINT: a plain dict keeps insertion order.
         raise NotImplementedError(
             "Lab 02.3: prefix cache: look a block hash up (labs/phase_02/block_pool.py)"
@@ -80,14 +91,17 @@ class BlockPool(_reference.BlockPool):
         blocks: list[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,
+        kv_cache_group_id: int = 0,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` by hash.
 
-        ``blocks`` is the request's whole block table; block ``i`` holds the
-        tokens hashed in ``request.block_hashes[i]``. Each block gets that
-        hash (``block.block_hash``) and joins
-        ``cached_block_hash_to_block[hash]`` under its block id. The null
-        block is never cached. Blocks with equal hashes are all kept.
+        ``blocks`` is the request's whole block table in group
+        ``kv_cache_group_id``; block ``i`` holds the tokens hashed in
+        ``request.block_hashes[i]``. Each block gets the key of that hash in
+        this group (``make_block_hash_with_group_id``) as its ``block_hash``
+        and joins ``cached_block_hash_to_block[key]`` under its block id.
+        The null block (a sliding window's placeholder) is never cached.
+        Blocks with equal keys are all kept.
         """
         # HINT: the blocks before num_cached_blocks were registered by an earlier call.
         raise NotImplementedError(
@@ -124,7 +138,8 @@ class BlockPool(_reference.BlockPool):
         (other blocks may share the hash), drops the hash's entry once it
         is empty, and clears the block's hash.
         """
-        # HINT: block.block_hash is None for a block that was never cached.
+        # HINT: block.block_hash (the key: hash + group id) is None for a block
+        # HINT: that was never cached.
         raise NotImplementedError(
             "Lab 02.2: evict a block from the prefix cache (labs/phase_02/block_pool.py)"
         )

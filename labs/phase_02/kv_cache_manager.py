@@ -49,6 +49,7 @@ class KVCacheManager(_reference.KVCacheManager):
         """
         # HINT: walk request.block_hashes in order and stop at the first miss: a hash
         # HINT: chains every block before it, so nothing after a miss can hit.
+        # HINT: the prefix cache's keys carry the group: look up in group [0].
         raise NotImplementedError(
             "Lab 02.3: prefix cache: the longest cached prefix of a request "
             "(labs/phase_02/kv_cache_manager.py)"

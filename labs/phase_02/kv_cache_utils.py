@@ -28,7 +28,22 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mini_vllm.core import kv_cache_utils as _reference
-from mini_vllm.core.kv_cache_utils import NONE_HASH, BlockHash, KVCacheBlock, init_none_hash  # noqa: F401
+from mini_vllm.core.kv_cache_utils import (  # noqa: F401
+    NONE_HASH,
+    BlockHash,
+    BlockHashWithGroupId,
+    KVCacheBlock,
+    _get_kv_cache_groups_uniform_page_size,
+    create_kv_cache_group_specs,
+    get_block_hash,
+    get_group_id,
+    get_kv_cache_config_from_groups,
+    get_kv_cache_groups,
+    init_none_hash,
+    is_kv_cache_spec_uniform,
+    make_block_hash_with_group_id,
+    unify_hybrid_kv_cache_specs,
+)
 from mini_vllm.utils.hashing import sha256
 
 if TYPE_CHECKING:

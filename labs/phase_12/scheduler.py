@@ -222,11 +222,11 @@ class Scheduler(_reference.Scheduler):
         assert token_budget >= 0
         assert len(self.running) <= self.max_num_running_reqs
 
-        num_common_prefix_blocks = [0]
+        num_common_prefix_blocks = [0] * self.num_kv_cache_groups
         if self.running:
-            num_common_prefix_blocks = [
-                self.kv_cache_manager.get_num_common_prefix_blocks(self.running[0].request_id)
-            ]
+            num_common_prefix_blocks = self.kv_cache_manager.get_num_common_prefix_blocks(
+                self.running[0].request_id
+            )
 
         new_reqs_data = [
             NewRequestData.from_request(req, req_to_new_blocks[req.request_id].get_block_ids())

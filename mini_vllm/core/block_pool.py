@@ -1,7 +1,10 @@
 """The pool of KV-cache blocks: allocate, free, touch, and the prefix cache.
 
 Mirrors upstream ``vllm/v1/core/block_pool.py`` at v0.22.1 (``BlockPool`` at
-:130, ``BlockHashToBlockMap`` at :34).
+:130, ``BlockHashToBlockMap`` at :34). Every KV-cache group allocates from
+this one pool; the prefix cache is keyed by block hash *and* group id
+(``make_block_hash_with_group_id``), so a block cached by one group is never
+a hit for another.
 What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
@@ -19,7 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from mini_vllm.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+from mini_vllm.core.kv_cache_utils import (
+    BlockHash,
+    BlockHashWithGroupId,
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+    make_block_hash_with_group_id,
+)
 
 if TYPE_CHECKING:
     from mini_vllm.request import Request
@@ -32,10 +41,11 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        # hash -> {block_id: block}, oldest insertion first. Upstream stores a
-        # bare block when there is one and switches to a dict on the second;
-        # a dict always gives the same lookups with one code path.
-        self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        # (hash + group id) -> {block_id: block}, oldest insertion first.
+        # Upstream stores a bare block when there is one and switches to a
+        # dict on the second; a dict always gives the same lookups with one
+        # code path.
+        self.cached_block_hash_to_block: dict[BlockHashWithGroupId, dict[int, KVCacheBlock]] = {}
         # BEGIN LAB 02.2: the block pool: reserve the null block (block 0)
         # HINT: receives self.free_block_queue; leaves self.null_block set.
         # HINT: block 0 is a placeholder that is never handed out, freed or cached:
@@ -46,15 +56,25 @@ class BlockPool:
 
     # BEGIN LAB 02.3: prefix cache: look a block hash up
     # mirrors vllm/v1/core/block_pool.py:184-209
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """A block cached under ``block_hash``, or ``None``.
+    def get_cached_block(
+        self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
+        """For each group in ``kv_cache_group_ids``, a block cached under
+        ``block_hash`` in that group; ``None`` if any group misses.
 
-        When several blocks carry the hash (two requests computed the same
-        prefix), return the one cached first.
+        When several blocks carry the hash in a group (two requests computed
+        the same prefix), take the one cached first.
         """
+        # HINT: the key is make_block_hash_with_group_id(block_hash, group_id);
         # HINT: a plain dict keeps insertion order.
-        blocks = self.cached_block_hash_to_block.get(block_hash)
-        return next(iter(blocks.values())) if blocks else None
+        cached_blocks = []
+        for group_id in kv_cache_group_ids:
+            key = make_block_hash_with_group_id(block_hash, group_id)
+            blocks = self.cached_block_hash_to_block.get(key)
+            if not blocks:
+                return None
+            cached_blocks.append(next(iter(blocks.values())))
+        return cached_blocks
 
     # END LAB 02.3
 
@@ -66,14 +86,17 @@ class BlockPool:
         blocks: list[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,
+        kv_cache_group_id: int = 0,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` by hash.
 
-        ``blocks`` is the request's whole block table; block ``i`` holds the
-        tokens hashed in ``request.block_hashes[i]``. Each block gets that
-        hash (``block.block_hash``) and joins
-        ``cached_block_hash_to_block[hash]`` under its block id. The null
-        block is never cached. Blocks with equal hashes are all kept.
+        ``blocks`` is the request's whole block table in group
+        ``kv_cache_group_id``; block ``i`` holds the tokens hashed in
+        ``request.block_hashes[i]``. Each block gets the key of that hash in
+        this group (``make_block_hash_with_group_id``) as its ``block_hash``
+        and joins ``cached_block_hash_to_block[key]`` under its block id.
+        The null block (a sliding window's placeholder) is never cached.
+        Blocks with equal keys are all kept.
         """
         # HINT: the blocks before num_cached_blocks were registered by an earlier call.
         if num_cached_blocks >= num_full_blocks:
@@ -83,9 +106,9 @@ class BlockPool:
             blk = blocks[i]
             if blk.is_null:
                 continue
-            block_hash = request.block_hashes[i]
-            blk.block_hash = block_hash
-            self.cached_block_hash_to_block.setdefault(block_hash, {})[blk.block_id] = blk
+            key = make_block_hash_with_group_id(request.block_hashes[i], kv_cache_group_id)
+            blk.block_hash = key
+            self.cached_block_hash_to_block.setdefault(key, {})[blk.block_id] = blk
 
     # END LAB 02.3
 
@@ -122,7 +145,8 @@ class BlockPool:
         (other blocks may share the hash), drops the hash's entry once it
         is empty, and clears the block's hash.
         """
-        # HINT: block.block_hash is None for a block that was never cached.
+        # HINT: block.block_hash (the key: hash + group id) is None for a block
+        # HINT: that was never cached.
         block_hash = block.block_hash
         if block_hash is None:
             return False

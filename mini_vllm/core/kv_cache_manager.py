@@ -3,10 +3,17 @@
 Mirrors upstream ``vllm/v1/core/kv_cache_manager.py`` at v0.22.1
 (``KVCacheBlocks`` at :26, ``KVCacheManager`` at :110,
 ``get_computed_blocks`` at :194, ``allocate_slots`` at :236, ``free`` at
-:429), with the two layers upstream puts beneath it for one full-attention
-KV-cache group folded in: ``UnitaryKVCacheCoordinator``
-(kv_cache_coordinator.py:324) and ``FullAttentionManager``
-(single_type_kv_cache_manager.py:481).
+:429).
+
+Two paths, one class. With one full-attention KV-cache group (every model
+Phases 02 and 03 run), the two layers upstream puts beneath the manager are
+folded into it: ``UnitaryKVCacheCoordinator`` (kv_cache_coordinator.py:324)
+and ``FullAttentionManager`` (single_type_kv_cache_manager.py:481); this is
+the code Phase 02's labs build. Any other ``KVCacheConfig`` (sliding
+windows, several groups) goes through a coordinator
+(``mini_vllm/core/kv_cache_coordinator.py``) exactly as upstream's manager
+does; so does prefix caching off with several groups. Both paths give the
+same blocks for one full-attention group.
 What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
@@ -26,8 +33,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mini_vllm.core.block_pool import BlockPool
+from mini_vllm.core.kv_cache_coordinator import KVCacheCoordinator, get_kv_cache_coordinator
 from mini_vllm.core.kv_cache_utils import KVCacheBlock
-from mini_vllm.kv_cache_interface import cdiv
+from mini_vllm.kv_cache_interface import FullAttentionSpec, KVCacheConfig, cdiv
 from mini_vllm.metrics.stats import PrefixCacheStats
 from mini_vllm.request import Request
 
@@ -35,7 +43,7 @@ from mini_vllm.request import Request
 @dataclass
 class KVCacheBlocks:
     """Blocks handed to the scheduler, one sequence per KV-cache group
-    (mini_vllm always has exactly one group, so ``blocks[0]``)."""
+    (``blocks[i][j]``: group i, block j of the request's tokens)."""
 
     blocks: tuple[Sequence[KVCacheBlock], ...]
 
@@ -52,18 +60,46 @@ class KVCacheManager:
         block_size: int,
         max_model_len: int,
         enable_caching: bool = True,
+        *,
+        kv_cache_config: KVCacheConfig | None = None,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
+        """``kv_cache_config``: the model's groups (default: one full-attention
+        group of ``num_blocks`` blocks of ``block_size`` tokens, which must
+        agree with a config given). ``max_num_batched_tokens`` sets a window
+        group's admission cap (default ``max_model_len``, as upstream)."""
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_blocks, enable_caching)
+        if kv_cache_config is not None:
+            assert kv_cache_config.num_blocks == num_blocks, "num_blocks differs from the config"
+            for group in kv_cache_config.kv_cache_groups:
+                assert group.kv_cache_spec.block_size == block_size, "block sizes differ"
+        # None: one full-attention group, folded into this class (Phase 02).
+        self.coordinator: KVCacheCoordinator | None = None
+        self.num_kv_cache_groups = 1
+        groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
+        one_full_group = len(groups) == 1 and type(groups[0].kv_cache_spec) is FullAttentionSpec
+        if kv_cache_config is not None and not one_full_group:
+            self.coordinator = get_kv_cache_coordinator(
+                kv_cache_config,
+                max_model_len,
+                max_num_batched_tokens or max_model_len,
+                enable_caching,
+            )
+            self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+            self.block_pool = self.coordinator.block_pool
+        else:
+            self.block_pool = BlockPool(num_blocks, enable_caching)
         # request id -> its blocks, in token order.
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # request id -> how many of its leading blocks are in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
         # One shared empty result, so "no hit" is cheap and recognisable.
-        self.empty_kv_cache_blocks = KVCacheBlocks(((),))
+        self.empty_kv_cache_blocks = KVCacheBlocks(
+            tuple(() for _ in range(self.num_kv_cache_groups))
+        )
 
     @property
     def usage(self) -> float:
@@ -90,15 +126,18 @@ class KVCacheManager:
         """
         # HINT: walk request.block_hashes in order and stop at the first miss: a hash
         # HINT: chains every block before it, so nothing after a miss can hit.
+        # HINT: the prefix cache's keys carry the group: look up in group [0].
+        if self.coordinator is not None:
+            return self._get_computed_blocks_by_group(request)
         if not self.enable_caching:
             return self.empty_kv_cache_blocks, 0
         max_num_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_num_blocks]:
-            cached = self.block_pool.get_cached_block(block_hash)
+            cached = self.block_pool.get_cached_block(block_hash, [0])
             if cached is None:
                 break  # hashes chain: after one miss nothing later can hit
-            hits.append(cached)
+            hits.append(cached[0])
         num_hit_tokens = len(hits) * self.block_size
         self.prefix_cache_stats.record(
             num_tokens=request.num_tokens,
@@ -167,6 +206,15 @@ class KVCacheManager:
         # HINT: at max_model_len. Check every way to fail BEFORE changing anything.
         if num_new_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
+        if self.coordinator is not None:
+            return self._allocate_slots_by_group(
+                request,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_blocks,
+                num_lookahead_tokens,
+                full_sequence_must_fit,
+            )
         new_computed = new_computed_blocks.blocks[0] if new_computed_blocks else ()
         num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         total_computed_tokens = min(num_local_computed_tokens, self.max_model_len)
@@ -216,6 +264,9 @@ class KVCacheManager:
         up to the last full one are handed to ``BlockPool.cache_full_blocks``.
         """
         # HINT: a block is full when all block_size of its tokens are computed.
+        if self.coordinator is not None:
+            self.coordinator.cache_blocks(request, num_computed_tokens)
+            return
         request_id = request.request_id
         num_cached = self.num_cached_block.get(request_id, 0)
         num_full = num_computed_tokens // self.block_size
@@ -239,26 +290,33 @@ class KVCacheManager:
         """
         # HINT: BlockPool.free_blocks puts blocks that reach zero at the back of the
         # HINT: free queue in the order given: the first one given is evicted first.
+        if self.coordinator is not None:
+            self.coordinator.free(request.request_id)
+            return
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.block_pool.free_blocks(reversed(blocks))
         self.num_cached_block.pop(request.request_id, None)
 
     # END LAB 02.4
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
-        """Leading blocks shared by every request that holds blocks (cascade
-        attention's input; upstream returns one count per group)."""
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Per group, the leading blocks shared by every request that holds
+        blocks (cascade attention's input; 0 for a window group)."""
+        if self.coordinator is not None:
+            return self.coordinator.get_num_common_prefix_blocks(running_request_id)
         if not self.enable_caching:
-            return 0
+            return [0]
         num_holders = len(self.req_to_blocks)
         count = 0
         for block in self.req_to_blocks.get(running_request_id, ()):
             if block.ref_cnt != num_holders:
                 break
             count += 1
-        return count
+        return [count]
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        if self.coordinator is not None:
+            return self.create_kv_cache_blocks(self.coordinator.get_blocks(request_id))
         blocks = self.req_to_blocks.get(request_id)
         return KVCacheBlocks((blocks,)) if blocks else self.empty_kv_cache_blocks
 
@@ -271,3 +329,70 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
+
+    def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
+        """Blocks per group, or the shared empty result when every group has none."""
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    # ------------------------------------------------- through the coordinator
+
+    # mirrors vllm/v1/core/kv_cache_manager.py:194-234
+    def _get_computed_blocks_by_group(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest prefix every group can serve (the coordinator's search),
+        never the whole prompt; recorded in the prefix-cache stats."""
+        assert self.coordinator is not None
+        if not self.enable_caching:
+            return self.empty_kv_cache_blocks, 0
+        blocks, num_hit_tokens = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.num_tokens - 1
+        )
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hit_tokens,
+            preempted=request.num_preemptions > 0,
+        )
+        return self.create_kv_cache_blocks(blocks), num_hit_tokens
+
+    # mirrors vllm/v1/core/kv_cache_manager.py:236-427
+    def _allocate_slots_by_group(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: KVCacheBlocks | None,
+        num_lookahead_tokens: int,
+        full_sequence_must_fit: bool,
+    ) -> KVCacheBlocks | None:
+        """``allocate_slots`` for any groups: first free the blocks every
+        window has left behind (even if the request then does not fit), then
+        count what all groups need, then take hits and new blocks, then cache."""
+        coordinator = self.coordinator
+        assert coordinator is not None
+        hits = (new_computed_blocks or self.empty_kv_cache_blocks).blocks
+        request_id = request.request_id
+        num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        total_computed_tokens = min(num_local_computed_tokens, self.max_model_len)
+        if full_sequence_must_fit:
+            full_num_tokens = min(request.num_tokens, self.max_model_len)
+            needed = coordinator.get_num_blocks_to_allocate(
+                request_id, full_num_tokens, hits, total_computed_tokens, apply_admission_cap=True
+            )
+            if needed > self.block_pool.get_num_free_blocks():
+                return None
+        num_tokens_need_slot = min(
+            total_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
+        )
+        coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
+        needed = coordinator.get_num_blocks_to_allocate(
+            request_id, num_tokens_need_slot, hits, num_local_computed_tokens
+        )
+        if needed > self.block_pool.get_num_free_blocks():
+            return None
+        if hits is not self.empty_kv_cache_blocks.blocks:
+            coordinator.allocate_new_computed_blocks(request_id, hits, num_local_computed_tokens)
+        new_blocks = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
+        if self.enable_caching:
+            coordinator.cache_blocks(
+                request, min(total_computed_tokens + num_new_tokens, request.num_tokens)
+            )
+        return self.create_kv_cache_blocks(new_blocks)

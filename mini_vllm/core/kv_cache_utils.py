@@ -91,19 +91,20 @@ class KVCacheBlock:
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
-        # Set only while the block is full and registered in the prefix cache.
-        self._block_hash: BlockHash | None = None
+        # Set only while the block is full and registered in the prefix cache:
+        # its key there, the block hash with the group id appended.
+        self._block_hash: BlockHashWithGroupId | None = None
         # Links used only by FreeKVCacheBlockQueue.
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
         self.is_null = False
 
     @property
-    def block_hash(self) -> BlockHash | None:
+    def block_hash(self) -> BlockHashWithGroupId | None:
         return self._block_hash
 
     @block_hash.setter
-    def block_hash(self, block_hash: BlockHash) -> None:
+    def block_hash(self, block_hash: BlockHashWithGroupId) -> None:
         assert self._block_hash is None, "block already has a hash"
         self._block_hash = block_hash
 

@@ -25,24 +25,50 @@ from mini_vllm.oracle.kv_workload import KVDriver, KVWorkload
 
 
 @st.composite
-def kv_configs(draw) -> dict:
+def kv_groups(draw, block_size: int) -> list:
+    """KV-cache groups of a hybrid model: ``None`` is a full-attention group,
+    an int a sliding window. Full + one window (the common hybrid, one round
+    of the hit search), one window alone (the unitary coordinator), two
+    windows with or without full attention (the fixed point across kinds)."""
+    window = st.integers(1, 4 * block_size + 1)
+    shape = draw(st.sampled_from(["full+window", "full+window", "window", "two windows", "all"]))
+    w1 = draw(window, label="window")
+    if shape == "window":
+        return [w1]
+    if shape == "full+window":
+        return draw(st.permutations([None, w1]), label="group order")
+    w2 = draw(window.filter(lambda w: w != w1), label="second window")
+    return [w1, w2] if shape == "two windows" else [None, w1, w2]
+
+
+@st.composite
+def kv_configs(draw, hybrid: bool = False) -> dict:
     block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
     max_model_len = draw(st.integers(4, 128))
     # From "one max_model_len request barely fits" to roomy, weighted
     # toward tight pools so that allocations fail and blocks get evicted.
     low = cdiv(max_model_len, block_size) + 1
     num_blocks = draw(st.integers(low, low + 2) | st.integers(low, 3 * low) | st.integers(2, low))
-    return {
+    config = {
         "block_size": block_size,
         "num_blocks": num_blocks,
         "max_model_len": max_model_len,
         "enable_caching": draw(st.sampled_from([True, True, True, False])),
     }
+    if hybrid:
+        groups = draw(kv_groups(block_size))
+        config["groups"] = groups
+        # Every group takes blocks from the one pool: up to one more pool's
+        # worth per extra group, often less, so that allocations still fail.
+        extra = draw(st.integers(0, (len(groups) - 1) * (num_blocks - 1)), label="extra blocks")
+        config["num_blocks"] = num_blocks + extra
+    return config
 
 
 @st.composite
-def kv_workloads(draw, max_ops: int = 60) -> KVWorkload:
-    config = draw(kv_configs())
+def kv_workloads(draw, max_ops: int = 60, hybrid: bool = False) -> KVWorkload:
+    """``hybrid``: configs with KV-cache groups (``kv_groups``)."""
+    config = draw(kv_configs(hybrid=hybrid))
     bs, mml = config["block_size"], config["max_model_len"]
     prefixes = draw(
         st.lists(
@@ -73,7 +99,7 @@ def kv_workloads(draw, max_ops: int = 60) -> KVWorkload:
             break
         req_id = draw(st.sampled_from(live), label="request")
         request = driver.requests[req_id]
-        holds = bool(mgr.req_to_blocks.get(req_id))
+        holds = any(mgr.get_blocks(req_id).blocks)
         left = request.num_tokens - request.num_computed_tokens
         move = draw(
             st.sampled_from(["step", "step", "step", "step", "free", "preempt", "reset"]),

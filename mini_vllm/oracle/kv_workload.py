@@ -43,7 +43,8 @@ FAKE_VOCAB = 30000
 class KVWorkload:
     name: str
     # Keyword arguments of create_kv_cache_manager(): block_size, num_blocks,
-    # max_model_len, enable_caching.
+    # max_model_len, enable_caching, and optionally groups (one entry per
+    # KV-cache group: None for full attention, an int for a sliding window).
     config: dict
     # [request id, prompt token ids], created in this order before the ops.
     requests: list
@@ -128,9 +129,7 @@ def pool_state(pool, tables: dict, num_cached_block: dict, stats) -> dict:
         "free_queue": walk_free_queue(pool.free_block_queue, len(pool.blocks) + 1),
         "ref_cnts": [b.ref_cnt for b in pool.blocks],
         "cached_blocks": [b.block_id for b in pool.blocks if b.block_hash is not None],
-        "tables": {
-            r: [b.block_id for b in blocks] for r, blocks in sorted(tables.items()) if blocks
-        },
+        "tables": {r: _ids(blocks) for r, blocks in sorted(tables.items()) if blocks},
         "num_cached_block": dict(sorted(num_cached_block.items())),
         "stats": [
             stats.requests,
@@ -141,6 +140,31 @@ def pool_state(pool, tables: dict, num_cached_block: dict, stats) -> dict:
             stats.preempted_hits,
         ],
     }
+
+
+def groups_state(managers) -> tuple[dict, dict]:
+    """Block tables and cached-block counts of several KV-cache groups, as
+    one dict each: request -> one entry per group (tables: the group's
+    blocks, or [] when it holds none; counts: None when not running)."""
+    req_ids = sorted({r for m in managers for r, blocks in m.req_to_blocks.items() if blocks})
+    tables = {r: [list(m.req_to_blocks.get(r) or []) for m in managers] for r in req_ids}
+    counted = sorted({r for m in managers for r in m.num_cached_block})
+    counts = {r: [m.num_cached_block.get(r) for m in managers] for r in counted}
+    return tables, counts
+
+
+def _ids(blocks) -> list:
+    """Block ids of one table, or of one table per group."""
+    if isinstance(blocks, list) and blocks and isinstance(blocks[0], list):
+        return [[b.block_id for b in group] for group in blocks]
+    return [b.block_id for b in blocks]
+
+
+def _group_ids(kv_blocks) -> list:
+    """Block ids of a ``KVCacheBlocks``: group 0's list when there is one
+    group (the shape Phase 02's traces have), else one list per group."""
+    ids = kv_blocks.get_block_ids()
+    return list(ids[0]) if len(ids) == 1 else [list(g) for g in ids]
 
 
 class KVDriver:
@@ -178,7 +202,7 @@ class KVDriver:
         if kind == "lookup":
             blocks, num_tokens = mgr.get_computed_blocks(self.requests[args[0]])
             self.pending[args[0]] = (blocks, num_tokens)
-            result = [list(blocks.get_block_ids()[0]), num_tokens]
+            result = [_group_ids(blocks), num_tokens]
         elif kind == "allocate":
             request = self.requests[args[0]]
             opts = args[2] if len(args) > 2 else {}
@@ -193,7 +217,7 @@ class KVDriver:
             )
             if new is not None:
                 request.num_computed_tokens += hit_tokens + args[1]
-                result = list(new.get_block_ids()[0])
+                result = _group_ids(new)
         elif kind == "append":
             request = self.requests[args[0]]
             tokens = (

@@ -47,6 +47,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    SlidingWindowSpec,
 )
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
@@ -208,19 +209,34 @@ def create_scheduler(
     )
 
 
-def _kv_cache_config(num_blocks: int, block_size: int) -> KVCacheConfig:
-    """One full-attention KV-cache group of ``num_blocks`` blocks; no tensors."""
+def _kv_cache_config(num_blocks: int, block_size: int, groups: list | None = None) -> KVCacheConfig:
+    """KV-cache groups of ``num_blocks`` blocks; no tensors. Default: one
+    full-attention group; else one one-layer group per entry of ``groups``
+    (``None``: full attention; an int: that sliding window)."""
+    if groups is None:
+        return KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                KVCacheGroupSpec(
+                    ["layer"],
+                    FullAttentionSpec(
+                        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+                    ),
+                )
+            ],
+        )
+    specs = []
+    for window in groups:
+        common = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        if window is None:
+            specs.append(FullAttentionSpec(**common))
+        else:
+            specs.append(SlidingWindowSpec(sliding_window=window, **common))
     return KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"],
-                FullAttentionSpec(
-                    block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
-                ),
-            )
-        ],
+        kv_cache_groups=[KVCacheGroupSpec([f"layer.{i}"], s) for i, s in enumerate(specs)],
     )
 
 
@@ -229,12 +245,13 @@ def create_kv_cache_manager(
     num_blocks: int = 10000,
     max_model_len: int = 8192,
     enable_caching: bool = True,
+    groups: list | None = None,
 ) -> KVCacheManager:
-    """Upstream's KVCacheManager with the arguments its Scheduler passes for
-    one full-attention group (no eagle, events or context parallelism), and
-    prefix-cache stats on."""
+    """Upstream's KVCacheManager with the arguments its Scheduler passes (no
+    eagle, events or context parallelism), and prefix-cache stats on;
+    ``groups`` as ``_kv_cache_config`` takes them."""
     return KVCacheManager(
-        kv_cache_config=_kv_cache_config(num_blocks, block_size),
+        kv_cache_config=_kv_cache_config(num_blocks, block_size, groups),
         max_model_len=max_model_len,
         hash_block_size=block_size,
         enable_caching=enable_caching,
@@ -243,17 +260,16 @@ def create_kv_cache_manager(
 
 
 def manager_state(manager: KVCacheManager) -> dict:
-    """What a KV-cache trace records after each operation. With one group the
-    coordinator holds one single-type manager, where the block tables live."""
-    from mini_vllm.oracle.kv_workload import pool_state
+    """What a KV-cache trace records after each operation. The block tables
+    live in the coordinator's single-type managers, one per group."""
+    from mini_vllm.oracle.kv_workload import groups_state, pool_state
 
-    (single,) = manager.coordinator.single_type_managers
-    return pool_state(
-        manager.block_pool,
-        single.req_to_blocks,
-        single.num_cached_block,
-        manager.prefix_cache_stats,
-    )
+    managers = manager.coordinator.single_type_managers
+    if len(managers) == 1:
+        tables, num_cached_block = managers[0].req_to_blocks, managers[0].num_cached_block
+    else:
+        tables, num_cached_block = groups_state(managers)
+    return pool_state(manager.block_pool, tables, num_cached_block, manager.prefix_cache_stats)
 
 
 def create_requests(

@@ -48,6 +48,7 @@ from mini_vllm.core.sched.request_queue import (
 )
 from mini_vllm.core.sched.utils import check_stop, remove_all
 from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from mini_vllm.kv_cache_interface import KVCacheConfig
 from mini_vllm.metrics.stats import SchedulerStats
 from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
@@ -63,10 +64,13 @@ class Scheduler(SchedulerInterface):
         vllm_config: VllmConfig,
         log_stats: bool = False,
         structured_output_manager: StructuredOutputManager | None = None,
+        kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
         """``structured_output_manager``: the engine's (upstream passes it in,
         scheduler.py:69); without one, a manager with no tokenizer, which
-        refuses structured requests."""
+        refuses structured requests. ``kv_cache_config``: the model's KV-cache
+        groups (upstream's is required); without one, one full-attention group
+        of ``cache_config.num_gpu_blocks`` blocks."""
         self.vllm_config = vllm_config
         self.structured_output_manager = structured_output_manager or StructuredOutputManager(
             vllm_config
@@ -110,11 +114,17 @@ class Scheduler(SchedulerInterface):
         # Ids of requests whose grammar failed to compile, to report as errors.
         self.failed_grammar_reqs: list[str] = []
 
+        self.kv_cache_config = kv_cache_config
+        self.num_kv_cache_groups = (
+            1 if kv_cache_config is None else len(kv_cache_config.kv_cache_groups)
+        )
         self.kv_cache_manager = KVCacheManager(
             num_blocks=num_gpu_blocks,
             block_size=self.block_size,
             max_model_len=self.max_model_len,
             enable_caching=self.cache_config.enable_prefix_caching,
+            kv_cache_config=kv_cache_config,
+            max_num_batched_tokens=self.max_num_scheduled_tokens,
         )
 
     # ------------------------------------------------------------------ schedule
@@ -376,11 +386,11 @@ class Scheduler(SchedulerInterface):
         assert token_budget >= 0
         assert len(self.running) <= self.max_num_running_reqs
 
-        num_common_prefix_blocks = [0]
+        num_common_prefix_blocks = [0] * self.num_kv_cache_groups
         if self.running:
-            num_common_prefix_blocks = [
-                self.kv_cache_manager.get_num_common_prefix_blocks(self.running[0].request_id)
-            ]
+            num_common_prefix_blocks = self.kv_cache_manager.get_num_common_prefix_blocks(
+                self.running[0].request_id
+            )
 
         new_reqs_data = [
             NewRequestData.from_request(req, req_to_new_blocks[req.request_id].get_block_ids())

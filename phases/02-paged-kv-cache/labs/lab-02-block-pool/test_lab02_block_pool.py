@@ -30,6 +30,7 @@ from hypothesis.internal.conjecture import engine as hypothesis_engine
 from mini_vllm.grading import kv_checks
 from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle.kv_workload import walk_free_queue
+from mini_vllm.testing import cache_key, first_hit
 
 PROPERTY = lab_settings(200, shrink=True)
 SHRINK_SECONDS = 10
@@ -191,9 +192,9 @@ def test_a_freed_block_keeps_its_hash(impl):
     blocks = pool.get_new_blocks(2)
     cache(pool, blocks, [h(1), h(2)])
     pool.free_blocks(blocks)
-    assert [b.block_hash for b in blocks] == [h(1), h(2)] and pool.get_cached_block(h(1)) is blocks[
-        0
-    ], (
+    assert [b.block_hash for b in blocks] == [cache_key(h(1)), cache_key(h(2))] and first_hit(
+        pool, h(1)
+    ) is blocks[0], (
         "Freeing does not evict: a freed block stays in the prefix cache (its hash and its "
         "entry in cached_block_hash_to_block) until get_new_blocks reuses it, so the next "
         "request with the same prefix can still hit it."
@@ -249,17 +250,17 @@ def test_reusing_a_cached_block_evicts_it(impl):
     pool.free_blocks(reversed(a))  # queue [3, 2, 1]
     got = pool.get_new_blocks(2)  # 3 (never cached), then 2
     assert ids(got) == [3, 2]
-    assert a[1].block_hash is None and pool.get_cached_block(h(2)) is None, (
+    assert a[1].block_hash is None and first_hit(pool, h(2)) is None, (
         f"get_new_blocks handed out block 2, which was cached under h(2): its KV is about to "
         f"be overwritten, so it must leave the prefix cache first (block_hash reset, entry "
         f"removed). Got block_hash={a[1].block_hash!r}, lookup of h(2) -> "
-        f"{pool.get_cached_block(h(2))!r}."
+        f"{first_hit(pool, h(2))!r}."
     )
-    assert h(2) not in pool.cached_block_hash_to_block, (
+    assert cache_key(h(2)) not in pool.cached_block_hash_to_block, (
         "Once no block is left under a hash, drop the hash's entry from "
         "cached_block_hash_to_block (no empty dicts left behind)."
     )
-    assert pool.get_cached_block(h(1)) is a[0] and a[0].block_hash == h(1), (
+    assert first_hit(pool, h(1)) is a[0] and a[0].block_hash == cache_key(h(1)), (
         "Block 1 was not reused: it must stay cached."
     )
     assert [b.ref_cnt for b in got] == [1, 1]
@@ -275,10 +276,10 @@ def test_eviction_removes_only_that_block_when_two_share_a_hash(impl):
     pool.get_new_blocks(3)  # 3, 4, 5: x is still free
     (reused,) = pool.get_new_blocks(1)  # now x is reused
     assert reused is x and x.block_hash is None
-    assert pool.get_cached_block(h(7)) is y, (
+    assert first_hit(pool, h(7)) is y, (
         f"Blocks 1 and 2 both carried h(7); evicting block 1 must remove only block 1 from "
         f"cached_block_hash_to_block[h(7)]: block 2 is still a valid hit. Lookup returned "
-        f"{pool.get_cached_block(h(7))!r}."
+        f"{first_hit(pool, h(7))!r}."
     )
 
 
@@ -289,7 +290,7 @@ def test_maybe_evict_says_whether_it_evicted(impl):
     cache(pool, [a], [h(3)])
     assert pool._maybe_evict_cached_block(b) is False, "block 2 was never cached: False"
     assert pool._maybe_evict_cached_block(a) is True, "block 1 was cached: True"
-    assert a.block_hash is None and pool.get_cached_block(h(3)) is None
+    assert a.block_hash is None and first_hit(pool, h(3)) is None
     assert pool._maybe_evict_cached_block(a) is False, "evicting it again: False"
 
 
@@ -300,7 +301,7 @@ def test_with_caching_off_allocation_never_touches_the_cache(impl):
     cache(pool, a[:1], [h(9)])  # a stray entry: caching off must not look at it
     pool.free_blocks(a)
     pool.get_new_blocks(5)
-    assert a[0].block_hash == h(9), (
+    assert a[0].block_hash == cache_key(h(9)), (
         "With enable_caching False, get_new_blocks must not evict (there is no prefix cache "
         "to evict from): only call _maybe_evict_cached_block when caching is on."
     )
@@ -397,7 +398,9 @@ def test_property_the_books_always_balance(finished_lab, n, caching, steps):
             f"are {sorted(hashes)}."
         )
         for i, value in hashes.items():
-            assert pool.blocks[i].block_hash == value, f"{where}: block {i} lost its hash"
+            assert pool.blocks[i].block_hash == cache_key(value), (
+                f"{where}: block {i} lost its hash"
+            )
 
 
 @pytest.mark.points(1)

@@ -34,6 +34,7 @@ from mini_vllm.grading import kv_checks
 from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle import kv_snapshots
 from mini_vllm.oracle.kv_strategies import kv_workloads
+from mini_vllm.testing import cache_key, first_hit
 
 PROPERTY = lab_settings(120, shrink=True)
 SHRINK_SECONDS = 10
@@ -157,12 +158,13 @@ def test_cache_full_blocks_registers_exactly_the_range(impl):
     req = types.SimpleNamespace(block_hashes=[h(1), h(2), h(3), h(4)])
     pool.cache_full_blocks(req, blocks, 1, 3)
     got = [b.block_hash for b in blocks]
-    assert got == [None, h(2), h(3), None], (
+    assert got == [None, cache_key(h(2)), cache_key(h(3)), None], (
         f"cache_full_blocks(request, blocks, num_cached_blocks=1, num_full_blocks=3) "
-        f"registers blocks[1] and blocks[2] only, each under request.block_hashes[i]. Got "
+        f"registers blocks[1] and blocks[2] only, each under request.block_hashes[i] plus "
+        f"the group id (make_block_hash_with_group_id). Got "
         f"block hashes {['h(%d)' % x[0] if x else None for x in got]}."
     )
-    assert pool.get_cached_block(h(2)) is blocks[1] and pool.get_cached_block(h(1)) is None
+    assert first_hit(pool, h(2)) is blocks[1] and first_hit(pool, h(1)) is None
     pool.cache_full_blocks(req, blocks, 3, 3)
     assert blocks[3].block_hash is None, "num_cached_blocks == num_full_blocks: nothing to do"
 
@@ -174,11 +176,11 @@ def test_cache_full_blocks_never_caches_the_null_block(impl):
     (blk,) = pool.get_new_blocks(1)
     req = types.SimpleNamespace(block_hashes=[h(1), h(2)])
     pool.cache_full_blocks(req, [pool.null_block, blk], 0, 2)
-    assert pool.null_block.block_hash is None and pool.get_cached_block(h(1)) is None, (
+    assert pool.null_block.block_hash is None and first_hit(pool, h(1)) is None, (
         "The null block stands in for skipped blocks (sliding window upstream): it holds no "
         "KV, so it must never be registered in the prefix cache."
     )
-    assert pool.get_cached_block(h(2)) is blk
+    assert first_hit(pool, h(2)) is blk
 
 
 @pytest.mark.points(2)
@@ -188,18 +190,19 @@ def test_duplicates_are_kept_and_the_oldest_is_found_first(impl):
     x, y = pool.get_new_blocks(2)
     pool.cache_full_blocks(types.SimpleNamespace(block_hashes=[h(5)]), [x], 0, 1)
     pool.cache_full_blocks(types.SimpleNamespace(block_hashes=[h(5)]), [y], 0, 1)
-    assert pool.get_cached_block(h(5)) is x, (
+    assert first_hit(pool, h(5)) is x, (
         "Two blocks carry h(5) (two requests computed the same prefix at the same time). "
         "Both stay registered (block tables are append-only, nothing is merged), and a lookup "
         "returns the one registered first."
     )
-    assert x.block_hash == y.block_hash == h(5)
+    assert x.block_hash == y.block_hash == cache_key(h(5))
     pool._maybe_evict_cached_block(x)
-    assert pool.get_cached_block(h(5)) is y, (
+    assert first_hit(pool, h(5)) is y, (
         "After the first copy is evicted, the second one must still be found: register both "
-        "under the hash, keyed by block id (cached_block_hash_to_block[hash][block_id])."
+        "under the key (the hash plus group id), keyed by block id "
+        "(cached_block_hash_to_block[key][block_id])."
     )
-    assert pool.get_cached_block(h(6)) is None, "A hash nobody registered is a miss: None."
+    assert first_hit(pool, h(6)) is None, "A hash nobody registered is a miss: None."
 
 
 # -------------------------------------------------------------- the lookup
@@ -344,7 +347,7 @@ def test_cache_blocks_caches_full_blocks_as_the_prefill_advances(impl):
         f"from num_cached_block). Cached: {[b.block_hash is not None for b in table]}, "
         f"num_cached_block {mgr.num_cached_block.get('a')}."
     )
-    assert [b.block_hash for b in table[:2]] == a.block_hashes[:2]
+    assert [b.block_hash for b in table[:2]] == [cache_key(x) for x in a.block_hashes[:2]]
     try:
         mgr.cache_blocks(a, 8)  # nothing new to register
     except AssertionError as e:

@@ -29,6 +29,7 @@ from mini_vllm.grading.checks import lab_settings
 from mini_vllm.oracle import strategies
 from mini_vllm.oracle.workload import Progress, RequestSpec, Workload, fake_token, make_request
 from mini_vllm.request import RequestStatus
+from mini_vllm.testing import cache_key
 
 # What the finished_lab fixture (labs/conftest.py) runs first.
 FAIL_FAST_SCENARIO = "prefix_cache_hits"
@@ -386,7 +387,7 @@ def check_hits(i, sched, out, waiting_before):
             assert computed == 0, f"{where}, but prefix caching is OFF: nothing can hit."
         blocks = sched.kv_cache_manager.req_to_blocks[req_id]
         for j in range(computed // bs):
-            assert blocks[j].block_hash is not None and blocks[j].block_hash == r.block_hashes[j], (
+            assert blocks[j].block_hash == cache_key(r.block_hashes[j]), (
                 f"{where}: its block {j} (id {blocks[j].block_id}) is not a cached block "
                 f"holding its own tokens {j * bs}..{(j + 1) * bs - 1}: hits must be the blocks "
                 f"get_computed_blocks returned."
