@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantization",
         "-q",
         default=None,
-        help="gguf: keep a GGUF model's weights quantized in memory (default: dequantize at load)",
+        help="gguf (a GGUF kept quantized in memory; default: dequantized at load), fp8, "
+        "fp8_per_channel or int8_per_channel (weights quantized at load)",
     )
     p.add_argument(
         "--attention-backend",

@@ -36,6 +36,7 @@ from transformers import AutoTokenizer, PretrainedConfig
 
 from mini_vllm.model_executor.layers.quantization import (
     get_quantization_config,
+    make_quant_config,
     verify_quantization,
 )
 from mini_vllm.model_executor.model_loader import default_loader, gguf_cache, gguf_loader
@@ -115,6 +116,8 @@ def load_model(
     kind, path = find_checkpoint(path)
     verify_quantization(quantization, kind)
     cached, quant_config = None, None
+    if quantization not in (None, "gguf"):  # quantized from the float weights at load
+        quant_config = make_quant_config(quantization)
     try:
         if kind == "hf":
             hf_config = default_loader.load_hf_config(path)

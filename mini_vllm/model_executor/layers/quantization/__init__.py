@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from mini_vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
-QUANTIZATION_METHODS: list[str] = ["gguf"]
+# "gguf" and "fp8" are upstream's; "fp8_per_channel" and "int8_per_channel" are
+# mini_vllm's own (see fp8.py and int8.py for what upstream has instead).
+QUANTIZATION_METHODS: list[str] = ["gguf", "fp8", "fp8_per_channel", "int8_per_channel"]
 
 
 def verify_quantization(quantization: str | None, checkpoint_kind: str | None = None) -> None:
@@ -32,10 +34,31 @@ def verify_quantization(quantization: str | None, checkpoint_kind: str | None = 
 
 
 def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
+    """The config class for a method name."""
     verify_quantization(quantization)
+    from mini_vllm.model_executor.layers.quantization.fp8 import Fp8Config
     from mini_vllm.model_executor.layers.quantization.gguf import GGUFConfig
+    from mini_vllm.model_executor.layers.quantization.int8 import Int8Config
 
-    return {"gguf": GGUFConfig}[quantization]
+    return {
+        "gguf": GGUFConfig,
+        "fp8": Fp8Config,
+        "fp8_per_channel": Fp8Config,
+        "int8_per_channel": Int8Config,
+    }[quantization]
 
 
-__all__ = ["QUANTIZATION_METHODS", "get_quantization_config", "verify_quantization"]
+def make_quant_config(quantization: str) -> QuantizationConfig:
+    """A config for an online method (one that quantizes float weights at load)."""
+    config_cls = get_quantization_config(quantization)
+    if quantization == "fp8_per_channel":
+        return config_cls(weight_per_channel=True)
+    return config_cls()
+
+
+__all__ = [
+    "QUANTIZATION_METHODS",
+    "get_quantization_config",
+    "make_quant_config",
+    "verify_quantization",
+]
