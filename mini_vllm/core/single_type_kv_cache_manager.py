@@ -2,8 +2,8 @@
 
 Mirrors upstream ``vllm/v1/core/single_type_kv_cache_manager.py`` at v0.22.1:
 ``SingleTypeKVCacheManager`` (:31), ``FullAttentionManager`` (:481),
-``SlidingWindowManager`` (:542), ``spec_manager_map`` (:1200) and
-``get_manager_for_kv_cache_spec`` (:1214). The coordinator
+``SlidingWindowManager`` (:542) and ``get_manager_for_kv_cache_spec``
+(:1214, with the spec-to-manager map just above it). The coordinator
 (``kv_cache_coordinator.py``) holds one manager per group; all of them
 allocate from the one ``BlockPool``.
 
