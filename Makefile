@@ -95,7 +95,7 @@ test-no-upstream: setup
 # Upstream's tests come from the vllm 0.22.1 sdist, fetched once into build/upstream-tests/
 # (never committed); mini_vllm/oracle/upstream_suite/scope.toml says which must pass.
 upstream-tests: upstream
-	$(BIN)/python -m mini_vllm.oracle.upstream_suite
+	MINI_VLLM_TIER=$(or $(MINI_VLLM_TIER),fast) $(BIN)/python -m mini_vllm.oracle.upstream_suite
 
 # ruff's rules and line length live in pyproject.toml; notebooks/ is excluded there.
 lint: setup

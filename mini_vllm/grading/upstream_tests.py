@@ -1,8 +1,10 @@
-"""The extra line of ``make check-phase-02`` / ``check-phase-03``: upstream's own tests.
+"""The extra line of ``make check-phase-NN``: upstream's own tests.
 
-Where a phase's labs hollow out modules that mirror upstream's (Phase 02: the
-KV-cache pieces; Phase 03: the scheduler), the grader also runs upstream's own
-in-scope unit tests for those modules on the student's code
+Where a phase's labs hollow out modules that upstream's unit tests reach
+(Phase 02: the KV-cache pieces; 03: the scheduler; 05: the input batch; 06:
+the sampler; 08: the n-gram proposer and drafts in the scheduler; 12: the
+grammar wait; 14: the async scheduler: ``runner.LAB_FILES``), the grader also
+runs upstream's own in-scope unit tests for those modules on the student's code
 (``mini_vllm.oracle.upstream_suite``) and reports the count beside the score.
 The line is information, not points: the score alone decides the exit code.
 """

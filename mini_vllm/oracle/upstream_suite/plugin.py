@@ -25,6 +25,11 @@ Environment adaptations (the whole list; no test body is edited):
 3. einops, which a KV-connector module on the tests' import path needs, is
    installed from tests/upstream/requirements.txt (nothing to do here).
 4. vllm logs to stderr; upstream's custom marks (``cpu_test``...) are registered.
+5. The platform vllm finds without a GPU has no device type: tests that build
+   tensors on "the platform's device" (the sampler's, the input batch's) get
+   ``current_platform.device_type = "cpu"`` (so ``device_count()`` is
+   torch.cpu's, 1, and they run on ``cpu:0``), and no pinned memory (pinning
+   needs a CUDA driver; vLLM's CPU platform answers the same).
 
 Adapters, for ``mini_vllm`` only (they change how objects are built, never
 what a test checks):
@@ -32,24 +37,41 @@ what a test checks):
   (tests/v1/core/utils.py) and ``create_scheduler_with_priority``
   (test_scheduler.py) build upstream's full config from a Hugging Face model;
   they are swapped for ``mini_vllm_create_*``, which take the same keywords
-  and build mini_vllm's objects the same way. mini_vllm's scheduler holds no
-  tokenizer, so ``skip_tokenizer_init`` changes nothing; any other keyword
-  for what mini_vllm leaves out (KV/EC connectors, speculative decoding,
-  async scheduling, pipeline parallelism, another model, prompt logprobs,
+  and build mini_vllm's objects the same way (``async_scheduling`` gives its
+  AsyncScheduler, ``num_speculative_tokens`` an n-gram speculative config).
+  mini_vllm's scheduler holds no tokenizer, so ``skip_tokenizer_init``
+  changes nothing; any other keyword for what mini_vllm leaves out (KV/EC
+  connectors, pipeline parallelism, another model, prompt logprobs,
   multimodal inputs) raises ``MissingInMiniVllm``;
 - mini_vllm's constructors take numbers where upstream's take a
   ``KVCacheConfig`` (UPSTREAM_PIN.md): ``KVCacheManager`` and ``BlockPool``
   build mini_vllm's from one full-attention group, and ``KVCacheConfig``,
   ``KVCacheGroupSpec`` and ``KVCacheTensor`` are plain holders for them;
-- ``Request``, ``SamplingParams`` and ``ModelRunnerOutput`` take upstream's
-  extra keywords (``mm_features``, ``prompt_logprobs``...) while they are
-  empty, and raise ``MissingInMiniVllm`` otherwise.
+- ``Request``, ``SamplingParams``, ``ModelRunnerOutput``, ``SchedulerOutput``
+  and ``CachedRequestState`` take upstream's extra keywords (``mm_features``,
+  ``prompt_logprobs``, ``scheduled_encoder_inputs``...) while they are empty,
+  and raise ``MissingInMiniVllm`` otherwise;
+- ``SamplingMetadata`` takes upstream's fields (``spec_token_ids`` while no
+  row has drafts) and starts with no row blocked by min_tokens (mini keeps
+  that in the metadata, upstream in a logits processor the tests do not
+  build); ``InputBatch`` takes ``kernel_block_sizes`` equal to the block
+  sizes (mini's kernels use the cache's block size);
+- ``Sampler`` gets upstream's ``apply_penalties`` (mini's
+  ``apply_all_penalties``) and ``apply_logits_processors`` with
+  ``predict_bonus_token=False`` (mini has no drafts there);
+- names mini_vllm spells otherwise: ``apply_top_k_top_p_pytorch`` is mini's
+  ``apply_top_k_top_p``, ``_find_longest_matched_ngram_and_propose_tokens``
+  is ``NgramProposer(...).propose_one``; upstream's ``ConstantList`` (a
+  read-only list view tests wrap lists in) stays upstream's;
+- an adapter class counts as its mini_vllm class for ``isinstance``.
 
-``--upstream-labs 02`` (or 03) grades a student: ``from vllm.X import Name``
-then gets the student's starter module where the phase has one (built as the
-graders build it), while ``import vllm.X`` still gets the reference module,
-whose module state (``NONE_HASH``) tests read and reload. A starter holds a
-copy of ``NONE_HASH``, so its ``init_none_hash`` also re-seeds that copy.
+``--upstream-labs 05`` (a phase of runner.LAB_FILES) grades a student:
+``from vllm.X import Name`` then gets the student's starter module where the
+phase has one (built as the graders build it), while ``import vllm.X`` still
+gets the reference module, whose module state (``NONE_HASH``) tests read and
+reload. A starter holds a copy of ``NONE_HASH``, so its ``init_none_hash``
+also re-seeds that copy; a reference function an adapter calls through a
+starter runs with the starter's globals, so it reaches the student's code.
 """
 
 from __future__ import annotations
@@ -60,6 +82,7 @@ import importlib
 import inspect
 import json
 import os
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +107,24 @@ MODULE_MAP = {
     "vllm.v1.core.sched.request_queue": "mini_vllm.core.sched.request_queue",
     "vllm.v1.core.sched.scheduler": "mini_vllm.core.sched.scheduler",
     "vllm.v1.core.sched.utils": "mini_vllm.core.sched.utils",
+    "vllm.v1.core.sched.async_scheduler": "mini_vllm.core.sched.async_scheduler",
+    "vllm.v1.worker.gpu_input_batch": "mini_vllm.worker.gpu_input_batch",
+    "vllm.v1.worker.block_table": "mini_vllm.worker.block_table",
+    "vllm.v1.sample.metadata": "mini_vllm.sample.metadata",
+    "vllm.v1.sample.sampler": "mini_vllm.sample.sampler",
+    "vllm.v1.sample.logits_processor": "mini_vllm.sample.logits_processor",
+    "vllm.v1.sample.logits_processor.builtin": "mini_vllm.sample.logits_processor.builtin",
+    "vllm.v1.sample.ops.topk_topp_sampler": "mini_vllm.sample.ops.topk_topp_sampler",
+    "vllm.v1.sample.ops.penalties": "mini_vllm.sample.ops.penalties",
+    "vllm.v1.sample.ops.bad_words": "mini_vllm.sample.ops.bad_words",
+    "vllm.v1.utils": "mini_vllm.utils",
+    "vllm.v1.spec_decode.metadata": "mini_vllm.spec_decode.metadata",
+    "vllm.v1.spec_decode.ngram_proposer": "mini_vllm.spec_decode.ngram_proposer",
+    "vllm.v1.structured_output": "mini_vllm.structured_output",
+    "vllm.v1.structured_output.backend_types": "mini_vllm.structured_output.backend_types",
+    "vllm.v1.structured_output.backend_xgrammar": "mini_vllm.structured_output.backend_xgrammar",
+    "vllm.v1.structured_output.request": "mini_vllm.structured_output.request",
+    "vllm.v1.structured_output.utils": "mini_vllm.structured_output.utils",
 }
 
 # Upstream's test modules whose imports are not redirected: the KV-connector
@@ -255,8 +296,6 @@ _UNSUPPORTED_DEFAULTS = {
     "model": "facebook/opt-125m",
     "disable_chunked_mm_input": False,
     "use_kv_connector": None,
-    "num_speculative_tokens": None,
-    "async_scheduling": False,
     "pipeline_parallel_size": 1,
     "use_ec_connector": False,
     "ec_role": None,
@@ -275,10 +314,14 @@ def mini_vllm_create_scheduler(
     max_model_len: int | None = None,
     policy: str = "fcfs",
     skip_tokenizer_init: bool = False,
+    async_scheduling: bool = False,
+    num_speculative_tokens: int | None = None,
     **unsupported,
 ):
     """Upstream's ``create_scheduler`` keywords, building mini_vllm's Scheduler
-    (which never holds a tokenizer, so ``skip_tokenizer_init`` changes nothing)."""
+    (which never holds a tokenizer, so ``skip_tokenizer_init`` changes nothing),
+    its ``AsyncScheduler`` with ``async_scheduling`` and an n-gram speculative
+    config with ``num_speculative_tokens``, as upstream's helper builds them."""
     for key, value in unsupported.items():
         if key not in _UNSUPPORTED_DEFAULTS:
             raise TypeError(f"create_scheduler() got an unexpected keyword argument {key!r}")
@@ -286,8 +329,14 @@ def mini_vllm_create_scheduler(
             raise MissingInMiniVllm(f"mini_vllm's scheduler has no {key}={value!r}")
     from mini_vllm.testing import create_scheduler
 
+    if async_scheduling:
+        scheduler_cls = module_for("vllm.v1.core.sched.async_scheduler").AsyncScheduler
+    else:
+        scheduler_cls = module_for("vllm.v1.core.sched.scheduler").Scheduler
     return create_scheduler(
-        scheduler_cls=module_for("vllm.v1.core.sched.scheduler").Scheduler,
+        scheduler_cls=scheduler_cls,
+        async_scheduling=async_scheduling,
+        num_speculative_tokens=num_speculative_tokens,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         enable_chunked_prefill=enable_chunked_prefill,
@@ -345,6 +394,14 @@ def mini_vllm_create_requests(
     ]
 
 
+class _AdapterMeta(type):
+    """An adapter class is its mini_vllm class for ``isinstance``: objects
+    mini_vllm builds itself are instances of what the test imported."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, cls.__mro__[1])
+
+
 def _accepting_absent_features(cls, names: tuple[str, ...]):
     """``cls`` taking upstream's extra keywords ``names`` too, as long as each is
     absent (None, empty or False): they belong to features mini_vllm leaves out."""
@@ -355,7 +412,8 @@ def _accepting_absent_features(cls, names: tuple[str, ...]):
                 raise MissingInMiniVllm(f"mini_vllm's {cls.__name__} has no {name}")
         cls.__init__(self, *args, **kwargs)
 
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
+    namespace = {"__init__": __init__, "__module__": cls.__module__}
+    return _AdapterMeta(cls.__name__, (cls,), namespace)
 
 
 def _request():
@@ -419,6 +477,118 @@ def _block_pool():
     return UpstreamSignatureBlockPool
 
 
+def _scheduler_output():
+    from mini_vllm.core.sched.output import SchedulerOutput
+
+    return _accepting_absent_features(
+        SchedulerOutput,
+        ("scheduled_encoder_inputs", "free_encoder_mm_hashes", "kv_connector_metadata"),
+    )
+
+
+def _sampling_metadata():
+    SamplingMetadata = module_for("vllm.v1.sample.metadata").SamplingMetadata
+
+    class UpstreamSignatureSamplingMetadata(SamplingMetadata, metaclass=_AdapterMeta):
+        """mini_vllm's SamplingMetadata given upstream's fields. Upstream blocks
+        min_tokens in a logits processor, mini in ``min_tokens_blocked``: a
+        test that builds no such processor gets no blocked rows."""
+
+        def __init__(self, *args, spec_token_ids=None, **kwargs):
+            if any(spec_token_ids or ()):
+                raise MissingInMiniVllm("mini_vllm's SamplingMetadata has no spec_token_ids")
+            for name in ("logprob_token_ids", "thinking_budget_state_holder"):
+                if kwargs.pop(name, None) is not None:
+                    raise MissingInMiniVllm(f"mini_vllm's SamplingMetadata has no {name}")
+            kwargs.setdefault("min_tokens_blocked", {})
+            super().__init__(*args, **kwargs)
+
+    UpstreamSignatureSamplingMetadata.__name__ = "SamplingMetadata"
+    return UpstreamSignatureSamplingMetadata
+
+
+def _input_batch():
+    InputBatch = module_for("vllm.v1.worker.gpu_input_batch").InputBatch
+
+    class UpstreamSignatureInputBatch(InputBatch, metaclass=_AdapterMeta):
+        """mini_vllm's InputBatch given upstream's keywords. mini's kernels use
+        the KV cache's own block size, so ``kernel_block_sizes`` must equal it."""
+
+        def __init__(self, *args, kernel_block_sizes=None, **kwargs):
+            block_sizes = kwargs.get("block_sizes", args[6] if len(args) > 6 else None)
+            if kernel_block_sizes not in (None, block_sizes):
+                raise MissingInMiniVllm("mini_vllm's kernels use the KV cache's block size")
+            for key in list(kwargs):
+                if key not in inspect.signature(InputBatch.__init__).parameters:
+                    if kwargs.pop(key):
+                        raise MissingInMiniVllm(f"mini_vllm's InputBatch has no {key}")
+            super().__init__(*args, **kwargs)
+
+    UpstreamSignatureInputBatch.__name__ = "InputBatch"
+    return UpstreamSignatureInputBatch
+
+
+def _cached_request_state():
+    state = module_for("vllm.v1.worker.gpu_input_batch").CachedRequestState
+    return _accepting_absent_features(state, ("pooling_params", "mm_features", "lora_request"))
+
+
+def _as_if_defined_in(func, module):
+    """``func`` run with ``module``'s globals. A starter re-exports reference
+    functions that sit outside its labs; re-homed, they call the student's
+    code (the starter's ``apply_penalties``), not the reference's."""
+    if func.__module__ == module.__name__:
+        return func
+    return types.FunctionType(
+        func.__code__, vars(module), func.__name__, func.__defaults__, func.__closure__
+    )
+
+
+def _sampler():
+    Sampler = module_for("vllm.v1.sample.sampler").Sampler
+    penalties = module_for("vllm.v1.sample.ops.penalties")
+    apply_all_penalties = _as_if_defined_in(penalties.apply_all_penalties, penalties)
+
+    class UpstreamSignatureSampler(Sampler, metaclass=_AdapterMeta):
+        """mini_vllm's Sampler with upstream's two entry points the tests call.
+        mini applies the penalties last inside ``apply_logits_processors`` (Lab
+        06.4) and has no drafts there, so ``predict_bonus_token`` must be False."""
+
+        def apply_logits_processors(self, logits, metadata, predict_bonus_token=False):
+            if predict_bonus_token:
+                raise MissingInMiniVllm("mini_vllm's sampler has no predict_bonus_token")
+            return super().apply_logits_processors(logits, metadata)
+
+        @staticmethod
+        def apply_penalties(logits, metadata, output_token_ids):
+            if metadata.no_penalties:
+                return logits
+            return apply_all_penalties(
+                logits,
+                metadata.prompt_token_ids,
+                metadata.presence_penalties,
+                metadata.frequency_penalties,
+                metadata.repetition_penalties,
+                output_token_ids,
+            )
+
+    UpstreamSignatureSampler.__name__ = "Sampler"
+    return UpstreamSignatureSampler
+
+
+def _find_longest_matched_ngram():
+    NgramProposer = module_for("vllm.v1.spec_decode.ngram_proposer").NgramProposer
+
+    def _find_longest_matched_ngram_and_propose_tokens(
+        origin_tokens, min_ngram, max_ngram, max_model_len, k
+    ):
+        """Upstream's module function; mini_vllm has it as ``propose_one``."""
+        proposer = NgramProposer(min_ngram, max_ngram, k, max_model_len)
+        return proposer.propose_one(origin_tokens)
+
+    return _find_longest_matched_ngram_and_propose_tokens
+
+
 @dataclass
 class KVCacheTensor:
     """Upstream's KV-cache description, only read by the adapters above."""
@@ -448,6 +618,23 @@ ADAPTER_FACTORIES = {
     ("vllm.v1.core.kv_cache_manager", "KVCacheManager"): _kv_cache_manager,
     ("vllm.v1.core.block_pool", "BlockPool"): _block_pool,
     ("vllm.v1.outputs", "ModelRunnerOutput"): _model_runner_output,
+    ("vllm.v1.core.sched.output", "SchedulerOutput"): _scheduler_output,
+    ("vllm.v1.sample.metadata", "SamplingMetadata"): _sampling_metadata,
+    ("vllm.v1.sample.sampler", "Sampler"): _sampler,
+    ("vllm.v1.worker.gpu_input_batch", "InputBatch"): _input_batch,
+    ("vllm.v1.worker.gpu_input_batch", "CachedRequestState"): _cached_request_state,
+    ("vllm.v1.spec_decode.ngram_proposer", "_find_longest_matched_ngram_and_propose_tokens"): (
+        _find_longest_matched_ngram
+    ),
+    # mini's name for upstream's torch implementation (upstream's apply_top_k_top_p
+    # dispatches to it or to FlashInfer; mini has the torch one only).
+    ("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_top_p_pytorch"): lambda: (
+        module_for("vllm.v1.sample.ops.topk_topp_sampler").apply_top_k_top_p
+    ),
+    # A read-only list view mini does not have; tests only wrap lists in it.
+    ("vllm.v1.utils", "ConstantList"): lambda: (
+        importlib.import_module("vllm.v1.utils").ConstantList
+    ),
     ("vllm.v1.kv_cache_interface", "KVCacheTensor"): lambda: KVCacheTensor,
     ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"): lambda: KVCacheGroupSpec,
     ("vllm.v1.kv_cache_interface", "KVCacheConfig"): lambda: KVCacheConfig,
@@ -510,6 +697,16 @@ def pytest_configure(config):
         original_post_init(self)
 
     device.DeviceConfig.__post_init__ = cpu_post_init
+
+    # Tests that build tensors on "the platform's device" (the sampler's, the
+    # input batch's) read current_platform.device_type and device_count(); the
+    # platform found on a machine without a GPU has neither. It answers "cpu"
+    # (device_count then comes from torch.cpu) and, like vLLM's CPU platform
+    # on this machine, reports no pinned memory (pinning needs a CUDA driver).
+    from vllm.platforms import current_platform
+
+    current_platform.device_type = "cpu"
+    type(current_platform).is_pin_memory_available = classmethod(lambda cls: False)
 
     if config.getoption("--upstream-target") == "mini_vllm":
         if config.getoption("--upstream-labs"):
