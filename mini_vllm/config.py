@@ -90,8 +90,18 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
+    # The KV cache's dtype (upstream's name and values; LLM(kv_cache_dtype=...)):
+    # "auto" = the model's; "fp8" / "fp8_e4m3" = e4m3, one byte a value.
+    cache_dtype: str = "auto"
 
     def verify(self) -> None:
+        from mini_vllm.utils.torch_utils import KV_CACHE_DTYPES
+
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.cache_dtype!r}."
+            )
         if self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}.")
         if not 0 < self.gpu_memory_utilization <= 1:

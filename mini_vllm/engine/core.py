@@ -51,6 +51,7 @@ from mini_vllm.engine import EngineCoreOutputs
 from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.structured_output import StructuredOutputManager
+from mini_vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from mini_vllm.worker.gpu_model_runner import GPUModelRunner
 from mini_vllm.worker.gpu_worker import allocate_kv_caches, determine_num_blocks, kv_cache_spec_of
 
@@ -83,7 +84,8 @@ class EngineCore:
         outputs compile their grammars against (None: they are refused)."""
         self.vllm_config = vllm_config
         cache = vllm_config.cache_config
-        self.kv_cache_spec, self.num_layers = kv_cache_spec_of(model, cache.block_size, dtype)
+        kv_dtype = kv_cache_dtype_str_to_dtype(cache.cache_dtype, dtype)  # fp8: a byte a value
+        self.kv_cache_spec, self.num_layers = kv_cache_spec_of(model, cache.block_size, kv_dtype)
         self.bytes_per_block = self.kv_cache_spec.page_size_bytes * self.num_layers
         num_blocks = determine_num_blocks(
             kv_cache_spec=self.kv_cache_spec,
@@ -96,7 +98,13 @@ class EngineCore:
         )
         cache.num_gpu_blocks = num_blocks
         self.kv_caches = allocate_kv_caches(
-            model, num_blocks, cache.block_size, dtype, device, attention_backend
+            model,
+            num_blocks,
+            cache.block_size,
+            kv_dtype,
+            device,
+            attention_backend,
+            cache.cache_dtype,
         )
         self.model_runner = GPUModelRunner(vllm_config, model, device)
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling

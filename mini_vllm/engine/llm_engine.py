@@ -52,6 +52,28 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def resolve_attention_backend(name: str, device: torch.device) -> str:
+    """'auto' -> triton on CUDA, cpu on CPU; any other name as it is."""
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "cpu"
+    return name
+
+
+# Backends whose store casts to the cache dtype and whose reads cast to float32.
+FP8_KV_CACHE_BACKENDS = ("torch", "cpu")
+
+
+def verify_kv_cache_dtype(kv_cache_dtype: str, backend: str) -> None:
+    """Refuse an fp8 KV cache on a backend that cannot run one, in upstream's words
+    (vllm/platforms/cuda.py:314)."""
+    if kv_cache_dtype.startswith("fp8") and backend not in FP8_KV_CACHE_BACKENDS:
+        raise ValueError(
+            f"Selected backend {backend} is not valid for this configuration. Reason: "
+            f"['kv_cache_dtype not supported'] (kv_cache_dtype={kv_cache_dtype!r} runs on "
+            f"the {' and '.join(FP8_KV_CACHE_BACKENDS)} backends)"
+        )
+
+
 class LLMEngine:
     def __init__(self, vllm_config: VllmConfig, loaded=None) -> None:
         """``loaded``: a (model, hf_config, tokenizer) already loaded on the
@@ -62,9 +84,8 @@ class LLMEngine:
         model_config = vllm_config.model_config
         self.device = resolve_device(vllm_config.device_config.device)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
-        backend = vllm_config.attention_config.backend
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "cpu"
+        backend = resolve_attention_backend(vllm_config.attention_config.backend, self.device)
+        verify_kv_cache_dtype(vllm_config.cache_config.cache_dtype, backend)
         if backend == "triton" and self.device.type == "cpu":
             # Triton has no CPU target: its interpreter runs the kernels. The
             # switch is read when triton is first imported (its own library

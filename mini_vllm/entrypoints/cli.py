@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="gguf (a GGUF kept quantized in memory; default: dequantized at load), fp8, "
         "fp8_per_channel or int8_per_channel (weights quantized at load)",
     )
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's) or fp8")
     p.add_argument(
         "--attention-backend",
         default="auto",
@@ -80,7 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args: argparse.Namespace):
     """Everything that can be checked before the model loads: returns the
     SamplingParams; raises ValueError naming the bad argument."""
-    from mini_vllm.engine.llm_engine import resolve_device, resolve_dtype
+    from mini_vllm.config import CacheConfig
+    from mini_vllm.engine.llm_engine import (
+        resolve_attention_backend,
+        resolve_device,
+        resolve_dtype,
+        verify_kv_cache_dtype,
+    )
     from mini_vllm.model_executor.layers.quantization import verify_quantization
     from mini_vllm.sampling_params import SamplingParams
 
@@ -90,6 +97,11 @@ def check_args(args: argparse.Namespace):
         raise ValueError("--prompt cannot be empty.")
     resolve_dtype(args.dtype, resolve_device(args.device))
     verify_quantization(args.quantization)
+    CacheConfig(cache_dtype=args.kv_cache_dtype).verify()
+    device = resolve_device(args.device)
+    verify_kv_cache_dtype(
+        args.kv_cache_dtype, resolve_attention_backend(args.attention_backend, device)
+    )
     try:
         return SamplingParams(
             max_tokens=args.max_tokens,
@@ -163,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             quantization=args.quantization,
+            kv_cache_dtype=args.kv_cache_dtype,
             attention_backend=args.attention_backend,
         )
         load_s = time.perf_counter() - start

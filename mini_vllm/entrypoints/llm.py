@@ -38,7 +38,13 @@ from mini_vllm.config import (
     VllmConfig,
     verify_logprobs_mode,
 )
-from mini_vllm.engine.llm_engine import LLMEngine, resolve_device, resolve_dtype
+from mini_vllm.engine.llm_engine import (
+    LLMEngine,
+    resolve_attention_backend,
+    resolve_device,
+    resolve_dtype,
+    verify_kv_cache_dtype,
+)
 from mini_vllm.entrypoints.chat_utils import parse_chat_messages
 from mini_vllm.outputs import RequestOutput
 from mini_vllm.sampling_params import SamplingParams
@@ -79,6 +85,7 @@ class LLM:
         device: str = "auto",
         dtype: str = "auto",
         quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
         attention_backend: str = "auto",
         seed: int = 0,
         max_logprobs: int = 20,
@@ -92,12 +99,16 @@ class LLM:
         # Checked before minutes of loading, not after.
         verify_logprobs_mode(logprobs_mode)
         verify_quantization(quantization, find_checkpoint(model)[0])
+        CacheConfig(cache_dtype=kv_cache_dtype).verify()
         # e.g. {"method": "ngram", "num_speculative_tokens": 3,
         # "prompt_lookup_min": 2, "prompt_lookup_max": 4}, as upstream's.
         spec_config = (
             None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
         )
         torch_device = resolve_device(device)
+        verify_kv_cache_dtype(
+            kv_cache_dtype, resolve_attention_backend(attention_backend, torch_device)
+        )
         loaded = load_model(
             model,
             device=torch_device,
@@ -137,6 +148,7 @@ class LLM:
                 gpu_memory_utilization=gpu_memory_utilization,
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
                 num_gpu_blocks_override=num_gpu_blocks_override,
+                cache_dtype=kv_cache_dtype,
             ),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=max_num_seqs,

@@ -135,13 +135,15 @@ def allocate_kv_caches(
     dtype: torch.dtype,
     device: torch.device,
     attention_backend: str,
+    kv_cache_dtype: str = "auto",
 ) -> list[torch.Tensor]:
-    """One zeroed cache tensor per attention layer, bound to that layer."""
+    """One zeroed cache tensor per attention layer, bound to that layer. ``dtype``:
+    the cache tensor's; ``kv_cache_dtype``: its name in the config ("auto", "fp8")."""
     impl_cls = get_attn_backend(attention_backend)
     caches = []
     for layer in model.attention_layers():
         shape = get_kv_cache_shape(num_blocks, block_size, layer.num_kv_heads, layer.head_size)
         cache = torch.zeros(shape, dtype=dtype, device=device)
-        layer.bind(impl_cls, cache)
+        layer.bind(impl_cls, cache, kv_cache_dtype)
         caches.append(cache)
     return caches

@@ -220,6 +220,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", "-q", default=None)
+    parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument(
         "--attention-backend",
         default="auto",
@@ -249,6 +250,7 @@ def build_async_engine_client(args: argparse.Namespace) -> AsyncLLM:
         device=args.device,
         dtype=args.dtype,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
         attention_backend=args.attention_backend,
     )
 

@@ -1,8 +1,20 @@
 """The attention layer a model calls: paged KV cache plus a backend.
 
 Mirrors upstream ``vllm/model_executor/layers/attention/attention.py``
-(``Attention`` :177, its ``forward`` :437) at v0.22.1. Left out: quantized KV, sliding windows,
-KV-sharing, custom-op registration for torch.compile.
+(``Attention`` :177, its ``forward`` :437, ``calc_kv_scales`` :531) at
+v0.22.1. Left out: sliding windows, KV-sharing, custom-op registration for
+torch.compile, query scales, scales read from a checkpoint or computed
+(upstream's deprecated ``calculate_kv_scales``).
+
+An fp8 KV cache (``kv_cache_dtype="fp8"``) keeps ``key / k_scale`` and
+``value / v_scale`` in e4m3, with upstream's per-layer scales ``_k_scale``
+and ``_v_scale`` (1.0 unless set, as upstream's without checkpoint
+scales). Upstream's kernels multiply the scales back when they read the
+cache; here the layer folds them around the backend instead, which is the
+same arithmetic: ``q·(k̂ k_scale) = (q k_scale)·k̂`` and
+``Σ p (v̂ v_scale) = (Σ p v̂) v_scale``. So every backend that stores by a
+cast to the cache's dtype and reads by a cast to float32 (torch, cpu) runs
+an fp8 cache unchanged.
 
 The model runner binds ``kv_cache`` (one tensor per layer, see
 ``mini_vllm.attention.backend``) and a backend implementation before the
@@ -30,10 +42,24 @@ class Attention(nn.Module):
         self.layer_name = prefix
         self.kv_cache: torch.Tensor | None = None
         self.impl: AttentionImpl | None = None
+        self.kv_cache_dtype = "auto"
 
-    def bind(self, impl_cls: type[AttentionImpl], kv_cache: torch.Tensor) -> None:
+    def bind(
+        self, impl_cls: type[AttentionImpl], kv_cache: torch.Tensor, kv_cache_dtype: str = "auto"
+    ) -> None:
         self.impl = impl_cls(self.num_heads, self.head_size, self.scale, self.num_kv_heads)
         self.kv_cache = kv_cache
+        self.kv_cache_dtype = kv_cache_dtype
+        # upstream's set_default_quant_scales: 1.0 until a checkpoint says otherwise
+        self._k_scale = torch.tensor(1.0, dtype=torch.float32, device=kv_cache.device)
+        self._v_scale = torch.tensor(1.0, dtype=torch.float32, device=kv_cache.device)
+        self._k_scale_float = self._v_scale_float = 1.0
+
+    def set_kv_scales(self, k_scale: float, v_scale: float) -> None:
+        """Scales for an fp8 cache (stored values are ``key / k_scale``, ``value / v_scale``)."""
+        self._k_scale.fill_(k_scale)
+        self._v_scale.fill_(v_scale)
+        self._k_scale_float, self._v_scale_float = float(k_scale), float(v_scale)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """query [T, num_heads*head_size], key/value [T, num_kv_heads*head_size]
@@ -42,6 +68,11 @@ class Attention(nn.Module):
             raise RuntimeError(f"attention layer {self.layer_name!r} has no KV cache bound")
         metadata = get_forward_context().attn_metadata
         t = query.shape[0]
+        quantized = self.kv_cache_dtype.startswith("fp8")
+        if quantized:  # stored: key / k_scale, value / v_scale (see the docstring)
+            query = query * self._k_scale_float
+            key = key / self._k_scale_float
+            value = value / self._v_scale_float
         out = self.impl.forward(
             query.view(t, self.num_heads, self.head_size),
             key.view(t, self.num_kv_heads, self.head_size),
@@ -49,4 +80,6 @@ class Attention(nn.Module):
             self.kv_cache,
             metadata,
         )
+        if quantized:
+            out = out * self._v_scale_float
         return out.reshape(t, self.num_heads * self.head_size)
