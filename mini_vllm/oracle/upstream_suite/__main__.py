@@ -1,4 +1,4 @@
-"""``python -m mini_vllm.oracle.upstream_suite [--phase 02|03 [--impl labs|ref]]`` (runner.py)."""
+"""``python -m mini_vllm.oracle.upstream_suite [--phase NN [--impl labs|ref]]`` (runner.py)."""
 
 import sys
 
