@@ -87,7 +87,7 @@ test: upstream lint
 
 test-deep: upstream lint
 	MINI_VLLM_TIER=deep $(PYTEST_ALL)
-	$(MAKE) upstream-tests
+	MINI_VLLM_TIER=deep $(MAKE) upstream-tests
 
 test-no-upstream: setup
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup -m "not upstream"
