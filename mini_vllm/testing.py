@@ -68,6 +68,7 @@ def create_scheduler(
     scheduler_cls: type | None = None,
     async_scheduling: bool = False,
     num_speculative_tokens: int | None = None,
+    kv_groups: list | None = None,
 ) -> Scheduler:
     """A scheduler over ``num_blocks`` KV blocks (block 0 is the null block);
     an ``AsyncScheduler`` with ``async_scheduling``, as upstream's engine picks;
@@ -76,7 +77,9 @@ def create_scheduler(
     upstream runs for a drafter in the worker (EAGLE, MTP, ``ngram_gpu``):
     mini_vllm has no such drafter, and its config refuses async scheduling
     with the n-gram one, as upstream's does, so the switch is set after the
-    config is checked."""
+    config is checked. ``kv_groups``: one KV-cache group per entry (``None``
+    full attention, an int a sliding window; ``kv_cache_config_of``); default
+    one full-attention group."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     vllm_config = VllmConfig(
@@ -102,7 +105,10 @@ def create_scheduler(
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     if scheduler_cls is None:
         scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
-    return scheduler_cls(vllm_config, log_stats=True)
+    if kv_groups is None:
+        return scheduler_cls(vllm_config, log_stats=True)
+    kv_cache_config = kv_cache_config_of(num_blocks, block_size, kv_groups)
+    return scheduler_cls(vllm_config, log_stats=True, kv_cache_config=kv_cache_config)
 
 
 def first_hit(pool, block_hash, group_id: int = 0):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from mini_vllm.kv_cache_interface import cdiv
+from mini_vllm.oracle.kv_strategies import kv_groups
 from mini_vllm.oracle.workload import RequestSpec, Workload
 
 
@@ -110,4 +111,40 @@ def structured_workloads(draw) -> Workload:
         if draw(st.booleans()):
             spec.grammar_ready_step = spec.arrive_step + draw(st.sampled_from([0, 1, 2, 3, 6]))
     workload.name = workload.name + "-structured"
+    return workload
+
+
+@st.composite
+def hybrid_workloads(draw) -> Workload:
+    """A workload from ``workloads()`` on a hybrid model's KV cache: two
+    groups (full attention + a sliding window) or three (full + two window
+    sizes), or windows alone (``kv_groups`` of kv_strategies.py). Some
+    requests start with a system prompt longer than the windows, so a hit
+    skips blocks in a window group. All groups take blocks from one pool,
+    sized from "the longest request fits in every group" up, weighted toward
+    tight (every group takes blocks for a whole prefill chunk before its
+    window frees any)."""
+    workload = draw(workloads())
+    config = workload.config
+    bs, max_model_len = config["block_size"], config["max_model_len"]
+    groups = draw(kv_groups(bs), label="kv groups")
+    system = draw(
+        st.lists(st.integers(1, 999), min_size=bs, max_size=6 * bs + 3), label="system prompt"
+    )
+    for spec in workload.requests:
+        if draw(st.booleans(), label="starts with the system prompt"):
+            spec.prompt_token_ids = (system + spec.prompt_token_ids)[: max_model_len - 1]
+            spec.min_tokens = min(spec.min_tokens, max_model_len - len(spec.prompt_token_ids))
+    longest = max(
+        min(max_model_len, len(r.prompt_token_ids) + r.max_tokens) for r in workload.requests
+    )
+    min_blocks = len(groups) * cdiv(longest, bs) + 1
+    config["kv_groups"] = groups
+    config["num_blocks"] = draw(
+        st.integers(min_blocks, min_blocks + 2)
+        | st.integers(min_blocks, min_blocks + 2)
+        | st.integers(min_blocks, 2 * min_blocks),
+        label="hybrid num_blocks",
+    )
+    workload.name = "generated-hybrid"
     return workload

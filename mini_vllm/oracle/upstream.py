@@ -132,9 +132,13 @@ def create_scheduler(
     scheduler_reserve_full_isl: bool = True,
     async_scheduling: bool = False,
     num_speculative_tokens: int | None = None,
+    kv_groups: list | None = None,
 ) -> Scheduler:
     """Upstream's Scheduler, or its AsyncScheduler with ``async_scheduling``
-    (the class upstream's engine picks for that setting)."""
+    (the class upstream's engine picks for that setting). ``kv_groups``: one
+    KV-cache group per entry (``None`` full attention, an int a sliding
+    window), driven by upstream's hybrid coordinator as on a GPU; default one
+    full-attention group."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     scheduler_config = SchedulerConfig(
@@ -198,8 +202,12 @@ def create_scheduler(
         )
     ):
         raise RuntimeError(f"vllm rewrote the configuration: asked {asked}, got {got}, {got_cache}")
-    kv_cache_config = _kv_cache_config(num_blocks, block_size)
+    kv_cache_config = _kv_cache_config(num_blocks, block_size, kv_groups)
     vllm_config.cache_config.num_gpu_blocks = num_blocks
+    if kv_groups is not None:
+        # On a CPU, VllmConfig disables the hybrid manager (the platform says
+        # it has no support, vllm/config/vllm.py:1415); a GPU keeps it on.
+        vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
     return (AsyncScheduler if async_scheduling else Scheduler)(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,

@@ -192,9 +192,14 @@ def _finish_reason(reason) -> str | None:
     return None if reason is None else reason.name.lower()
 
 
-def _group0(block_ids) -> list[int] | None:
-    """Block ids of the one KV-cache group, or None if there are none."""
-    return None if block_ids is None else list(block_ids[0])
+def _group0(block_ids) -> list | None:
+    """Block ids of the one KV-cache group, one list per group when there are
+    several (hybrid configs), or None if there are none."""
+    if block_ids is None:
+        return None
+    if len(block_ids) == 1:
+        return list(block_ids[0])
+    return [list(ids) for ids in block_ids]
 
 
 def _outputs(result) -> list:
@@ -298,6 +303,9 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
         stats = _spec_stats(result)
         if stats is not None:
             record["spec_stats"] = stats
+        if workload.config.get("kv_groups") is not None:
+            record["prefix_cache"] = _prefix_cache_stats(result)
+            record["tables"] = _group_tables(sched)
         if num_spec_tokens is not None:
             # After update_from_output, as upstream's EngineCore.step
             # (vllm/v1/engine/core.py:463-467). Harsher than a real proposer,
@@ -365,6 +373,35 @@ def _spec_stats(result) -> list | None:
     return None
 
 
+def _group_tables(sched) -> list:
+    """Every request holding blocks, with its block table in each KV-cache
+    group: [[id, [group 0's block ids, group 1's, ...]], ...] (the
+    coordinator's single-type managers, upstream's and mini_vllm's alike;
+    kv_workload.groups_state)."""
+    from mini_vllm.oracle.kv_workload import groups_state
+
+    tables, _ = groups_state(sched.kv_cache_manager.coordinator.single_type_managers)
+    return [[r, [[b.block_id for b in t] for t in ts]] for r, ts in tables.items()]
+
+
+def _prefix_cache_stats(result) -> list | None:
+    """The step's PrefixCacheStats as [requests, queries, hits, preempted
+    requests, preempted queries, preempted hits], or None."""
+    ecos = list(result.values()) if isinstance(result, dict) else [result]
+    for eco in ecos:
+        if eco.scheduler_stats is not None:
+            s = eco.scheduler_stats.prefix_cache_stats
+            return [
+                s.requests,
+                s.queries,
+                s.hits,
+                s.preempted_requests,
+                s.preempted_queries,
+                s.preempted_hits,
+            ]
+    return None
+
+
 def describe_scheduler_output(out) -> dict:
     """The parts of a SchedulerOutput that mini_vllm must reproduce exactly
     (``spec_tokens`` only in a step that schedules drafts)."""
@@ -398,8 +435,9 @@ def describe_scheduler_output(out) -> dict:
 
 FIELD_WORDS = {
     "scheduled": "tokens scheduled per request (in scheduling order)",
-    "new": "new requests (id, block ids, computed tokens)",
-    "cached": "cached requests (id, new block ids, computed tokens, output tokens)",
+    "new": "new requests (id, block ids (per KV-cache group if several), computed tokens)",
+    "cached": "cached requests (id, new block ids (per KV-cache group if several), computed "
+    "tokens, output tokens)",
     "resumed": "resumed request ids",
     "resent_all_tokens": "requests whose whole token list was resent",
     "preempted": "preempted request ids",
@@ -408,6 +446,10 @@ FIELD_WORDS = {
     "spec_tokens": "drafts scheduled for verification (id, draft tokens)",
     "outputs": "update_from_output results (id, new tokens, finish reason, stop reason)",
     "free_blocks": "free KV blocks after the step",
+    "tables": "block tables per KV-cache group (id, each group's block ids; 0 where a window "
+    "slid past)",
+    "prefix_cache": "prefix-cache stats of the step (requests, queries, hits, and the same for "
+    "preempted requests)",
     "spec_stats": "spec-decode stats (drafts, draft tokens, accepted, accepted per position)",
     "structured": "structured outputs (a structured request samples this step; the requests "
     "skipped while their grammar compiles, in queue order)",

@@ -35,6 +35,12 @@ carry a constraint and wait for their grammar, whose compile the driver
 completes at a chosen step; the wait, the admission after it, the flag that
 a structured request samples, and the skipped queue must match step for step
 (MINI_VLLM_STRUCTURED_LOCKSTEP_EXAMPLES, default 120).
+
+Hybrid models: the same workloads on KV-cache groups (full attention + a
+sliding window, full + two window sizes, windows alone), prefix caching on
+and off, tight pools: every step's block ids per group, free blocks and
+prefix-cache hits must equal upstream's hybrid coordinator's
+(MINI_VLLM_HYBRID_LOCKSTEP_EXAMPLES, default 400).
 """
 
 from __future__ import annotations
@@ -44,7 +50,12 @@ from hypothesis import HealthCheck, given, settings
 
 import mini_vllm.testing as mini
 from mini_vllm.oracle.async_workload import ASYNC_FIELD_WORDS, run_workload_async
-from mini_vllm.oracle.strategies import spec_workloads, structured_workloads, workloads
+from mini_vllm.oracle.strategies import (
+    hybrid_workloads,
+    spec_workloads,
+    structured_workloads,
+    workloads,
+)
 from mini_vllm.oracle.workload import RequestSpec, Workload, first_difference, run_workload
 from mini_vllm.tiers import examples
 
@@ -55,6 +66,7 @@ ASYNC_EXAMPLES = examples(500, 100, "MINI_VLLM_ASYNC_LOCKSTEP_EXAMPLES")
 SPEC_EXAMPLES = examples(500, 100, "MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES")
 ASYNC_SPEC_EXAMPLES = examples(200, 60, "MINI_VLLM_ASYNC_SPEC_LOCKSTEP_EXAMPLES")
 STRUCTURED_EXAMPLES = examples(120, 60, "MINI_VLLM_STRUCTURED_LOCKSTEP_EXAMPLES")
+HYBRID_EXAMPLES = examples(400, 100, "MINI_VLLM_HYBRID_LOCKSTEP_EXAMPLES")
 
 
 @pytest.fixture(scope="module")
@@ -363,3 +375,68 @@ def test_upstream_livelocks_when_min_tokens_cannot_fit(upstream):
     (mini_req,) = mini.create_requests(1, num_tokens=5, max_tokens=4, min_tokens=4, block_size=4)
     with pytest.raises(ValueError, match="min_tokens"):
         mini_sched.add_request(mini_req)
+
+
+def _window_nulls(blocks) -> int:
+    """Null blocks (id 0) in a request's per-group block lists: blocks a
+    window slid past (freed, or skipped by a prefix-cache hit)."""
+    if not blocks or not isinstance(blocks[0], list):
+        return 0
+    return sum(ids.count(0) for ids in blocks)
+
+
+@pytest.mark.xdist_group("hybrid-lockstep")
+@settings(
+    max_examples=HYBRID_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(workload=hybrid_workloads())
+def test_hybrid_lockstep_with_upstream(upstream, counts, workload):
+    """Upstream's Scheduler on KV-cache groups (its hybrid coordinator, as on
+    a GPU) and mini_vllm's, step for step: block ids per group, free blocks,
+    hits and outputs equal."""
+    expected = run_workload(upstream, workload)
+    got = run_workload(mini, workload)
+    steps = expected["steps"]
+    key = "hybrid lockstep"
+    caching = workload.config["enable_prefix_caching"]
+    for name, n in (
+        ("examples", 1),
+        ("examples with caching", caching),
+        ("examples without caching", not caching),
+        ("examples with preemption", any(s["preempted"] for s in steps)),
+        ("hits", sum(s["prefix_cache"][2] for s in steps if s["prefix_cache"])),
+        (
+            "window nulls",
+            sum(_window_nulls(n[1]) for s in steps for n in s["new"] + s["cached"]),
+        ),
+        (
+            # Without caching a null block can only be one a window freed.
+            "window frees without caching",
+            0 if caching else sum(_window_nulls(t[1]) for s in steps for t in s["tables"]),
+        ),
+    ):
+        counts[f"{key} {name}"] = counts.get(f"{key} {name}", 0) + n
+    diff = first_difference(expected, got)
+    assert diff is None, f"{diff}\nconfig: {workload.config}"
+
+
+@pytest.mark.xdist_group("hybrid-lockstep")
+def test_hybrid_workloads_reach_preemption_hits_and_windows(counts):
+    """The hybrid workloads must preempt, hit the prefix cache, run with
+    caching on and off, and slide blocks out of a window (null blocks in a
+    window group's list). Runs after the test above."""
+    key = "hybrid lockstep"
+    if counts.get(f"{key} examples", 0) < 50:
+        pytest.skip("too few hybrid lockstep examples ran to judge coverage")
+    for name in (
+        "examples with caching",
+        "examples without caching",
+        "examples with preemption",
+        "hits",
+        "window nulls",
+        "window frees without caching",
+    ):
+        assert counts[f"{key} {name}"] > 0, counts
