@@ -194,3 +194,23 @@ def test_smollm2_fp8_cache_stores_within_e4m3_rounding_and_measured(counts):
             assert len(checked) == 30 * 16  # every layer, every step
     agree = sum(a == b for a, b in zip(tokens["auto"], tokens["fp8"], strict=True))
     counts["kv cache: smollm2 fp8 vs float32 greedy agreement (free-running)"] = f"{agree}/16"
+
+
+def test_quantization_benchmark_runs_and_fp8_cache_holds_four_times_float32(tmp_path, capsys):
+    """The Phase 10 benchmark on a tiny model with SmolLM2's tokenizer: every
+    configuration runs, and with the same budget the fp8 cache holds 4x the
+    blocks of a float32 one (1 byte a value against 4)."""
+    from mini_vllm.benchmarks import quantization
+
+    folder = make_tiny_model(tmp_path / "tiny", "llama", seed=0, tokenizer=True)
+    argv = ["--model", str(folder), "--tokens", "2", "--max-model-len", "64"]
+    quantization.main([*argv, "--kv-cache-memory-bytes", str(3 << 20)])
+    names = [n for n, _ in quantization.CONFIGS]
+    rows = {
+        line[:18].strip(): line[18:].split()  # weights, KV bytes, blocks, ...
+        for line in capsys.readouterr().out.splitlines()
+        if line[:18].strip() in names
+    }
+    assert sorted(rows) == sorted(n for n, kw in quantization.CONFIGS if "gguf" not in n)
+    blocks = {name: int(row[2]) for name, row in rows.items()}
+    assert blocks["fp8 KV cache"] == 4 * blocks["float32"] == 2 * blocks["bfloat16"]
