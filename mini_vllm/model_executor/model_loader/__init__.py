@@ -4,10 +4,14 @@ Mirrors upstream ``vllm/model_executor/model_loader/__init__.py`` at
 v0.22.1 (``get_model`` at :133, which picks a loader with
 ``get_model_loader`` at :125) and ``BaseModelLoader.load_model``
 (base_loader.py:43): build the model, then stream the checkpoint's tensors
-into ``model.load_weights``, then ``process_weights_after_loading``. Left
-out: the load-format registry, hub ids and downloads, tensor parallelism. The tokenizer is loaded
-here too (upstream does that in the engine), so that one call gives
-everything needed to run a model.
+into ``model.load_weights``, then ``process_weights_after_loading``
+(utils.py). Left out: the load-format registry, hub ids and downloads,
+tensor parallelism. The tokenizer is loaded here too (upstream does that in
+the engine), so that one call gives everything needed to run a model.
+
+``quantization`` (layers/quantization/): "gguf" reads a GGUF's quantized
+tensors as they are; the other methods quantize the float weights once they
+are loaded, as upstream's online methods do.
 
 Accepted paths:
 
