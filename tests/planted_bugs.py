@@ -81,8 +81,8 @@ PLANTS = [
     Plant(
         "00",
         "mini_vllm/kv_cache_interface.py",
-        "return 2 * self.block_size * self.num_kv_heads",
-        "return self.block_size * self.num_kv_heads",
+        "per KV head.\n        return 2 * self.block_size * self.num_kv_heads",
+        "per KV head.\n        return self.block_size * self.num_kv_heads",
         "a block's page size counts the keys but not the values",
     ),
     # stop 8: "null block counted as usable"
