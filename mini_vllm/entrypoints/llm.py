@@ -98,7 +98,7 @@ class LLM:
 
         # Checked before minutes of loading, not after.
         verify_logprobs_mode(logprobs_mode)
-        verify_quantization(quantization, find_checkpoint(model)[0])
+        verify_quantization(quantization)
         CacheConfig(cache_dtype=kv_cache_dtype).verify()
         # e.g. {"method": "ngram", "num_speculative_tokens": 3,
         # "prompt_lookup_min": 2, "prompt_lookup_max": 4}, as upstream's.
@@ -109,6 +109,8 @@ class LLM:
         verify_kv_cache_dtype(
             kv_cache_dtype, resolve_attention_backend(attention_backend, torch_device)
         )
+        if quantization == "gguf":  # needs a GGUF file: checked before reading it
+            verify_quantization(quantization, find_checkpoint(model)[0])
         loaded = load_model(
             model,
             device=torch_device,
