@@ -4,7 +4,7 @@ Mirrors upstream ``vllm/v1/attention/backend.py`` (``AttentionBackend`` :55,
 ``AttentionMetadata`` :345, ``AttentionImpl`` :763) at v0.22.1, shaped
 after its Triton backend's metadata (``TritonAttentionMetadata``
 (backends/triton_attn.py:59)). Left out: cascade attention,
-CUDA-graph padding, multimodal prefix ranges, FP8 KV cache, sliding windows.
+CUDA-graph padding, multimodal prefix ranges, FP8 KV cache.
 
 The batch is *flat*: the new tokens of every scheduled request are
 concatenated, request after request, in scheduling order::
@@ -19,6 +19,13 @@ concatenated, request after request, in scheduling order::
 
 A query token of request i at position p attends to KV positions 0..p of
 that request: the cached context plus the new tokens up to itself (causal).
+A layer with a ``sliding_window`` of w attends to positions p-w+1..p only
+(its last w tokens, itself included), as upstream's backends do (flash
+attention's ``window_size=(w - 1, 0)``); the blocks before that may hold
+anything (the scheduler gave them back: the null block in their place).
+A model with several KV-cache groups gets one metadata per group, handed to
+each layer by name (``dict[layer_name, AttentionMetadata]``, as upstream's
+forward context).
 
 KV cache of one layer: ``(num_blocks, 2, block_size, num_kv_heads,
 head_size)``, index 0 = keys, 1 = values (the Triton backend's layout).
@@ -60,7 +67,14 @@ class AttentionImpl:
     # ``reorder_batch_threshold``, read by gpu_model_runner.py:1072); None: any order.
     reorder_batch_threshold: int | None = None
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+    ) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}"
@@ -69,6 +83,8 @@ class AttentionImpl:
         self.head_size = head_size
         self.scale = scale
         self.num_kv_heads = num_kv_heads
+        # None: full attention; w: each query sees its last w key positions.
+        self.sliding_window = sliding_window
 
     def forward(
         self,

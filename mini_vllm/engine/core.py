@@ -28,7 +28,9 @@ in gpu_model_runner.py; see UPSTREAM_PIN.md).
 
 The KV cache is sized from one ``FullAttentionSpec`` shared by every
 attention layer (``mini_vllm.kv_cache_interface``, the same arithmetic as
-upstream's), in ``worker/gpu_worker.py``.
+upstream's), in ``worker/gpu_worker.py``; a model with sliding-window layers
+gets a ``KVCacheConfig`` of several groups instead, which the scheduler's
+KV-cache manager and the runner's block tables (one per group) share.
 
 The scheduler class is pluggable (``SchedulerConfig.scheduler_cls``, as
 upstream): anything with mini_vllm's Scheduler interface can drive the real
@@ -48,12 +50,20 @@ from mini_vllm.core.sched.async_scheduler import AsyncScheduler
 from mini_vllm.core.sched.output import SchedulerOutput
 from mini_vllm.core.sched.scheduler import Scheduler
 from mini_vllm.engine import EngineCoreOutputs
+from mini_vllm.kv_cache_interface import FullAttentionSpec
 from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.structured_output import StructuredOutputManager
 from mini_vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from mini_vllm.worker.gpu_model_runner import GPUModelRunner
-from mini_vllm.worker.gpu_worker import allocate_kv_caches, determine_num_blocks, kv_cache_spec_of
+from mini_vllm.worker.gpu_worker import (
+    allocate_kv_caches,
+    allocate_kv_caches_from_config,
+    determine_kv_cache_config,
+    determine_num_blocks,
+    get_kv_cache_spec,
+    kv_cache_spec_of,
+)
 
 
 def resolve_scheduler_cls(scheduler_cls, async_scheduling: bool = False) -> type:
@@ -85,28 +95,57 @@ class EngineCore:
         self.vllm_config = vllm_config
         cache = vllm_config.cache_config
         kv_dtype = kv_cache_dtype_str_to_dtype(cache.cache_dtype, dtype)  # fp8: a byte a value
-        self.kv_cache_spec, self.num_layers = kv_cache_spec_of(model, cache.block_size, kv_dtype)
-        self.bytes_per_block = self.kv_cache_spec.page_size_bytes * self.num_layers
-        num_blocks = determine_num_blocks(
-            kv_cache_spec=self.kv_cache_spec,
-            num_layers=self.num_layers,
-            max_model_len=vllm_config.model_config.max_model_len,
-            num_gpu_blocks_override=cache.num_gpu_blocks_override,
-            kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
-            gpu_memory_utilization=cache.gpu_memory_utilization,
-            device=device,
-        )
+        # A model with sliding-window layers gets KV-cache groups (one block
+        # table each); a full-attention model keeps one group, sized here.
+        self.kv_cache_config = None
+        layer_specs = get_kv_cache_spec(model, cache.block_size, kv_dtype)
+        if all(isinstance(s, FullAttentionSpec) for s in layer_specs.values()):
+            self.kv_cache_spec, self.num_layers = kv_cache_spec_of(
+                model, cache.block_size, kv_dtype
+            )
+            self.bytes_per_block = self.kv_cache_spec.page_size_bytes * self.num_layers
+            num_blocks = determine_num_blocks(
+                kv_cache_spec=self.kv_cache_spec,
+                num_layers=self.num_layers,
+                max_model_len=vllm_config.model_config.max_model_len,
+                num_gpu_blocks_override=cache.num_gpu_blocks_override,
+                kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
+                gpu_memory_utilization=cache.gpu_memory_utilization,
+                device=device,
+            )
+            self.kv_caches = allocate_kv_caches(
+                model,
+                num_blocks,
+                cache.block_size,
+                kv_dtype,
+                device,
+                attention_backend,
+                cache.cache_dtype,
+            )
+        else:
+            self.kv_cache_config = determine_kv_cache_config(
+                kv_cache_spec=layer_specs,
+                max_model_len=vllm_config.model_config.max_model_len,
+                max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+                num_gpu_blocks_override=cache.num_gpu_blocks_override,
+                kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
+                gpu_memory_utilization=cache.gpu_memory_utilization,
+                device=device,
+            )
+            num_blocks = self.kv_cache_config.num_blocks
+            self.kv_cache_spec = self.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+            self.num_layers = len(layer_specs)
+            # A block id spans one page of each shared tensor.
+            self.bytes_per_block = self.kv_cache_spec.page_size_bytes * len(
+                self.kv_cache_config.kv_cache_tensors
+            )
+            self.kv_caches = allocate_kv_caches_from_config(
+                model, self.kv_cache_config, kv_dtype, device, attention_backend, cache.cache_dtype
+            )
         cache.num_gpu_blocks = num_blocks
-        self.kv_caches = allocate_kv_caches(
-            model,
-            num_blocks,
-            cache.block_size,
-            kv_dtype,
-            device,
-            attention_backend,
-            cache.cache_dtype,
+        self.model_runner = GPUModelRunner(
+            vllm_config, model, device, kv_cache_config=self.kv_cache_config
         )
-        self.model_runner = GPUModelRunner(vllm_config, model, device)
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         scheduler_cls = resolve_scheduler_cls(
             vllm_config.scheduler_config.scheduler_cls, self.async_scheduling
@@ -116,8 +155,14 @@ class EngineCore:
         self.structured_output_manager = StructuredOutputManager(
             vllm_config, tokenizer=tokenizer, vocab_size=self.model_runner.vocab_size
         )
+        scheduler_kwargs = {}
+        if self.kv_cache_config is not None:
+            scheduler_kwargs["kv_cache_config"] = self.kv_cache_config
         self.scheduler = scheduler_cls(
-            vllm_config, log_stats=True, structured_output_manager=self.structured_output_manager
+            vllm_config,
+            log_stats=True,
+            structured_output_manager=self.structured_output_manager,
+            **scheduler_kwargs,
         )
         # Running totals for reports and tests.
         self.num_steps = 0

@@ -47,6 +47,7 @@ Invariant: between steps, for every request in the batch, row ``i`` of
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -58,6 +59,7 @@ from mini_vllm.attention.backends.utils import reorder_batch_to_split_decodes_an
 from mini_vllm.config import VllmConfig
 from mini_vllm.core.sched.output import GrammarOutput, SchedulerOutput
 from mini_vllm.forward_context import set_forward_context
+from mini_vllm.kv_cache_interface import KVCacheConfig
 from mini_vllm.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
 from mini_vllm.sample.logits_processor import (
     LogitBiasLogitsProcessor,
@@ -80,7 +82,8 @@ class PreparedInputs:
 
     input_ids: torch.Tensor  # int32 [num_tokens]
     positions: torch.Tensor  # int64 [num_tokens]
-    attn_metadata: AttentionMetadata
+    # One metadata, or one per layer name when the model has several KV-cache groups.
+    attn_metadata: AttentionMetadata | dict[str, AttentionMetadata]
     logits_indices: torch.Tensor  # int32 [num_reqs]: each row's last token
     # bool [num_reqs]: rows whose sampled token is thrown away (still mid-prefill)
     discard_request_mask: np.ndarray
@@ -100,8 +103,17 @@ def reorder_threshold_of(model: torch.nn.Module) -> int | None:
 
 
 class GPUModelRunner:
-    def __init__(self, vllm_config: VllmConfig, model: torch.nn.Module, device: torch.device):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        model: torch.nn.Module,
+        device: torch.device,
+        kv_cache_config: KVCacheConfig | None = None,
+    ):
+        """``kv_cache_config``: the model's KV-cache groups, one block table
+        each; None: one full-attention group of ``cache_config.block_size``."""
         self.model = model
+        self.kv_cache_config = kv_cache_config
         self.device = torch.device(device)
         self.block_size = vllm_config.cache_config.block_size
         self.max_model_len = vllm_config.model_config.max_model_len
@@ -118,7 +130,9 @@ class GPUModelRunner:
             device=self.device,
             pin_memory=False,
             vocab_size=self.vocab_size,
-            block_sizes=[self.block_size],
+            block_sizes=[self.block_size]
+            if kv_cache_config is None
+            else [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups],
             logitsprocs=build_logitsprocs(vllm_config, self.device),
         )
         self.sampler = Sampler(vllm_config.model_config.logprobs_mode)
@@ -321,6 +335,8 @@ class GPUModelRunner:
             block_table=block_table,
             slot_mapping=slot_mapping,
         )
+        if self.kv_cache_config is not None and len(self.kv_cache_config.kv_cache_groups) > 1:
+            attn_metadata = self._metadata_per_layer(attn_metadata, num_reqs, total)
         return PreparedInputs(
             input_ids=self.input_ids.gpu[:total],
             positions=self.positions.gpu[:total],
@@ -416,6 +432,24 @@ class GPUModelRunner:
         self.input_ids.copy_to_gpu(total)
         self.positions.copy_to_gpu(total)
         return cu_num_tokens
+
+    def _metadata_per_layer(
+        self, group0: AttentionMetadata, num_reqs: int, num_tokens: int
+    ) -> dict[str, AttentionMetadata]:
+        """Several KV-cache groups: each group's metadata is group 0's with its
+        own block table and slot mapping (both already committed and computed
+        for every group), handed to each layer by name, as upstream's forward
+        context does."""
+        per_layer = {}
+        for g, group in enumerate(self.kv_cache_config.kv_cache_groups):
+            table = self.input_batch.block_table[g]
+            metadata = dataclasses.replace(
+                group0,
+                block_table=table.get_device_tensor(num_reqs),
+                slot_mapping=table.slot_mapping.gpu[:num_tokens],
+            )
+            per_layer.update(dict.fromkeys(group.layer_names, metadata))
+        return per_layer
 
     def prepare_block_table(self, num_reqs: int) -> torch.Tensor:
         """Copy the rows in use of the batch's block table to the device; return

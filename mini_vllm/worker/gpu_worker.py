@@ -17,6 +17,14 @@ already in use; on CPU: of physical memory). A budget that cannot hold one
 ``max_model_len`` request fails here, at engine start-up, with the numbers
 (``check_enough_kv_cache_memory``); the scheduler itself, as upstream's,
 accepts any cache of at least two blocks.
+
+A model whose layers are not all full attention (sliding-window layers
+beside full ones) goes the way upstream's engine takes every model:
+``get_kv_cache_spec`` (one spec per layer), then ``get_kv_cache_groups``
+and ``get_kv_cache_config_from_groups`` (../core/kv_cache_utils.py) size
+one pool of blocks shared by the groups, and ``allocate_kv_caches_from_config``
+allocates its tensors, each shared by one layer of every group (the groups
+hold disjoint block ids, so they never write the same page).
 """
 
 from __future__ import annotations
@@ -26,7 +34,38 @@ import os
 import torch
 
 from mini_vllm.attention.backend import get_attn_backend, get_kv_cache_shape
-from mini_vllm.kv_cache_interface import FullAttentionSpec, cdiv, get_num_blocks
+from mini_vllm.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
+from mini_vllm.kv_cache_interface import (
+    AttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    SlidingWindowSpec,
+    cdiv,
+    get_num_blocks,
+)
+
+
+def get_kv_cache_spec(
+    model: torch.nn.Module, block_size: int, dtype: torch.dtype
+) -> dict[str, AttentionSpec]:
+    """Layer name -> its KV-cache spec: a ``SlidingWindowSpec`` for a layer
+    with a window, else a ``FullAttentionSpec`` (upstream: the worker's
+    ``get_kv_cache_spec``, gpu_worker.py, asking each ``Attention`` layer)."""
+    specs: dict[str, AttentionSpec] = {}
+    for layer in model.attention_layers():
+        shape = dict(
+            block_size=block_size,
+            num_kv_heads=layer.num_kv_heads,
+            head_size=layer.head_size,
+            dtype=dtype,
+        )
+        if layer.sliding_window is None:
+            specs[layer.layer_name] = FullAttentionSpec(**shape)
+        else:
+            specs[layer.layer_name] = SlidingWindowSpec(
+                sliding_window=layer.sliding_window, **shape
+            )
+    return specs
 
 
 def kv_cache_spec_of(
@@ -74,6 +113,24 @@ def determine_num_blocks(
     """How many KV blocks to allocate (block 0, the null block, included)."""
     block_size = kv_cache_spec.block_size
     bytes_per_block = kv_cache_spec.page_size_bytes * num_layers
+    budget, source = kv_cache_budget(
+        num_gpu_blocks_override, kv_cache_memory_bytes, gpu_memory_utilization, device
+    )
+    num_blocks = get_num_blocks(
+        num_layers, budget, kv_cache_spec.page_size_bytes, num_gpu_blocks_override
+    )
+    check_enough_kv_cache_memory(num_blocks, block_size, bytes_per_block, max_model_len, source)
+    return num_blocks
+
+
+def kv_cache_budget(
+    num_gpu_blocks_override: int | None,
+    kv_cache_memory_bytes: int | None,
+    gpu_memory_utilization: float,
+    device: torch.device,
+) -> tuple[int, str]:
+    """(bytes the KV cache may take, where that number came from); 0 bytes
+    with an explicit block count, which then decides alone."""
     budget = 0
     if num_gpu_blocks_override is not None:
         source = f"num_gpu_blocks_override={num_gpu_blocks_override}"
@@ -92,11 +149,44 @@ def determine_num_blocks(
                 f"gpu_memory_utilization={gpu_memory_utilization} of "
                 f"{total / 2**30:.1f} GiB with {used / 2**30:.1f} GiB in use"
             )
-    num_blocks = get_num_blocks(
-        num_layers, max(budget, 0), kv_cache_spec.page_size_bytes, num_gpu_blocks_override
+    return max(budget, 0), source
+
+
+def determine_kv_cache_config(
+    *,
+    kv_cache_spec: dict[str, AttentionSpec],
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    num_gpu_blocks_override: int | None,
+    kv_cache_memory_bytes: int | None,
+    gpu_memory_utilization: float,
+    device: torch.device,
+) -> KVCacheConfig:
+    """The KV cache of a model with several kinds of layers: its groups, one
+    pool of blocks for all of them, and the tensors (upstream:
+    ``get_kv_cache_configs``, kv_cache_utils.py). Refused at start-up if the
+    pool cannot hold one ``max_model_len`` request in every group."""
+    budget, source = kv_cache_budget(
+        num_gpu_blocks_override, kv_cache_memory_bytes, gpu_memory_utilization, device
     )
-    check_enough_kv_cache_memory(num_blocks, block_size, bytes_per_block, max_model_len, source)
-    return num_blocks
+    groups = get_kv_cache_groups(kv_cache_spec)
+    config = get_kv_cache_config_from_groups(groups, budget, num_gpu_blocks_override)
+    # Blocks one max_model_len request can hold at once, every group together.
+    needed = 1
+    for group in groups:
+        spec = group.kv_cache_spec
+        if isinstance(spec, SlidingWindowSpec):
+            needed += spec.max_admission_blocks_per_request(max_num_batched_tokens, max_model_len)
+        else:
+            needed += cdiv(max_model_len, spec.block_size)
+    if config.num_blocks < needed:
+        raise ValueError(
+            f"KV cache too small ({source}): {config.num_blocks} blocks shared by "
+            f"{len(groups)} KV-cache groups, but one request of max_model_len={max_model_len} "
+            f"can hold {needed} blocks (null block included). "
+            "Raise the budget or lower max_model_len."
+        )
+    return config
 
 
 def check_enough_kv_cache_memory(
@@ -145,5 +235,39 @@ def allocate_kv_caches(
         shape = get_kv_cache_shape(num_blocks, block_size, layer.num_kv_heads, layer.head_size)
         cache = torch.zeros(shape, dtype=dtype, device=device)
         layer.bind(impl_cls, cache, kv_cache_dtype)
+        caches.append(cache)
+    return caches
+
+
+def allocate_kv_caches_from_config(
+    model: torch.nn.Module,
+    kv_cache_config: KVCacheConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    attention_backend: str,
+    kv_cache_dtype: str = "auto",
+) -> list[torch.Tensor]:
+    """One zeroed tensor per ``KVCacheTensor`` of the config, bound to every
+    layer that shares it (upstream: ``initialize_kv_cache_tensors`` in the
+    model runner); ``dtype`` and ``kv_cache_dtype`` as ``allocate_kv_caches``."""
+    impl_cls = get_attn_backend(attention_backend)
+    layers = {layer.layer_name: layer for layer in model.attention_layers()}
+    block_size = {
+        name: group.kv_cache_spec.block_size
+        for group in kv_cache_config.kv_cache_groups
+        for name in group.layer_names
+    }
+    caches = []
+    for tensor in kv_cache_config.kv_cache_tensors:
+        first = layers[tensor.shared_by[0]]
+        shape = get_kv_cache_shape(
+            kv_cache_config.num_blocks,
+            block_size[first.layer_name],
+            first.num_kv_heads,
+            first.head_size,
+        )
+        cache = torch.zeros(shape, dtype=dtype, device=device)
+        for name in tensor.shared_by:
+            layers[name].bind(impl_cls, cache, kv_cache_dtype)
         caches.append(cache)
     return caches

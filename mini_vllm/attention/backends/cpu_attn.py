@@ -37,7 +37,7 @@ variants; upstream hands its SDPA prefill the step's new keys and values
 (cpu_attn.py:369 reads ``key[num_decode_tokens:num_actual_tokens]``),
 mini_vllm gathers each prefill row's keys and values through the block
 table, cached prefix included, as the torch backend does. Left out: FP8 KV
-cache, sliding windows, ALiBi, soft-capping, sinks, encoder attention; see
+cache, ALiBi, soft-capping, sinks, encoder attention; see
 UPSTREAM_PIN.md.
 """
 
@@ -86,7 +86,8 @@ class DecodeGroup:
 
     tokens: torch.Tensor  # int64 [b]: each row's only query token
     blocks: torch.Tensor  # int64 [b * num_blocks]: the rows' block ids, row after row
-    valid: torch.Tensor  # bool [b, 1, 1, num_blocks * block_size]: key positions < seq_len
+    # bool [b, 1, 1, num_blocks * block_size]: key positions < seq_len (and in the window)
+    valid: torch.Tensor
 
 
 @dataclass
@@ -111,7 +112,11 @@ class CPUAttentionPlan:
     prefill_rows: list[PrefillRow]
 
 
-def build_plan(attn_metadata: AttentionMetadata, block_size: int) -> CPUAttentionPlan:
+def build_plan(
+    attn_metadata: AttentionMetadata, block_size: int, sliding_window: int | None = None
+) -> CPUAttentionPlan:
+    """``sliding_window``: a query at position p sees positions p-w+1..p only."""
+    w = sliding_window
     starts = attn_metadata.query_start_loc  # [num_reqs + 1]
     seq_lens = attn_metadata.seq_lens  # [num_reqs]
     q_lens = starts[1:] - starts[:-1]  # [num_reqs]
@@ -125,11 +130,14 @@ def build_plan(attn_metadata: AttentionMetadata, block_size: int) -> CPUAttentio
         num_blocks = cdiv(int(lens.max()), block_size)
         table = attn_metadata.block_table[rows, :num_blocks]  # [b, num_blocks]
         positions = torch.arange(num_blocks * block_size, device=lens.device)
+        valid = positions < lens[:, None]  # [b, L]; the query sits at lens - 1
+        if w is not None:
+            valid &= positions > lens[:, None] - 1 - w
         groups.append(
             DecodeGroup(
                 tokens=starts[rows].long(),
                 blocks=table.flatten().long(),
-                valid=(positions < lens[:, None])[:, None, None, :],
+                valid=valid[:, None, None, :],
             )
         )
     prefill = []
@@ -139,23 +147,32 @@ def build_plan(attn_metadata: AttentionMetadata, block_size: int) -> CPUAttentio
         key_pos = torch.arange(seq_len, device=seq_lens.device)  # [seq_len]
         q_pos = key_pos[seq_len - (end - start) :]  # [q_len]
         table = attn_metadata.block_table[i, : cdiv(seq_len, block_size)]
-        prefill.append(
-            PrefillRow(start, end, seq_len, table.long(), key_pos[None, :] <= q_pos[:, None])
-        )
+        mask = key_pos[None, :] <= q_pos[:, None]  # [q_len, seq_len]
+        if w is not None:
+            mask &= key_pos[None, :] > q_pos[:, None] - w
+        prefill.append(PrefillRow(start, end, seq_len, table.long(), mask))
     return CPUAttentionPlan(groups, prefill)
 
 
-def plan_for(attn_metadata: AttentionMetadata, block_size: int) -> CPUAttentionPlan:
-    """The step's plan, built by the first layer that sees this metadata and reused by
-    the others (the runner builds new metadata every step)."""
-    cached = getattr(_workspace, "plan", None)
-    if cached is None or cached[0] is not attn_metadata or cached[1] != block_size:
-        cached = _workspace.plan = (
+def plan_for(
+    attn_metadata: AttentionMetadata, block_size: int, sliding_window: int | None = None
+) -> CPUAttentionPlan:
+    """The step's plan, built by the first layer that sees this metadata (and window)
+    and reused by the others (the runner builds new metadata every step; a hybrid
+    model's layers alternate between a few, one per KV-cache group)."""
+    plans = getattr(_workspace, "plans", None)
+    if plans is None:
+        plans = _workspace.plans = {}
+    key = (id(attn_metadata), block_size, sliding_window)
+    cached = plans.get(key)
+    if cached is None or cached[0] is not attn_metadata:
+        if len(plans) >= 8:  # older steps' plans: drop them
+            plans.clear()
+        cached = plans[key] = (
             attn_metadata,
-            block_size,
-            build_plan(attn_metadata, block_size),
+            build_plan(attn_metadata, block_size, sliding_window),
         )
-    return cached[2]
+    return cached[1]
 
 
 class CPUAttentionBackendImpl(AttentionImpl):
@@ -169,7 +186,7 @@ class CPUAttentionBackendImpl(AttentionImpl):
         reshape_and_cache(key[:n], value[:n], kv_cache, attn_metadata.slot_mapping[:n])
 
         out = torch.zeros_like(query)  # [num_tokens, num_heads, head_size]
-        plan = plan_for(attn_metadata, kv_cache.shape[2])
+        plan = plan_for(attn_metadata, kv_cache.shape[2], self.sliding_window)
         for group in plan.decode_groups:
             self._decode(query, kv_cache, group, out)
         for row in plan.prefill_rows:

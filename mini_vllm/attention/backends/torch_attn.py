@@ -8,7 +8,8 @@ with none of their speed: it stores the new keys and values at their slots
 ``triton_reshape_and_cache_flash``), then gathers each request's keys and
 values out of the paged cache through its block table and runs ordinary
 causal attention (torch's ``scaled_dot_product_attention``), one request at a
-time, in float32. Left out: everything that makes a backend fast.
+time, in float32; a sliding-window layer also masks keys older than its
+window. Left out: everything that makes a backend fast.
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ class TorchAttentionImpl(AttentionImpl):
             # [q_len, seq_len]: True where the key position is at or before the query's
             mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
             # END LAB 04.2
+            if self.sliding_window is not None:
+                # Only the last sliding_window positions, the query's own included.
+                key_pos = torch.arange(seq_len, device=q.device)  # [seq_len]
+                query_pos = key_pos[seq_len - q_len :]  # [q_len]
+                mask = mask & (key_pos[None, :] > query_pos[:, None] - self.sliding_window)
             o = F.scaled_dot_product_attention(  # [num_heads, q_len, head_size]
                 q,
                 k.float().transpose(0, 1),

@@ -5,7 +5,7 @@ Mirrors upstream ``vllm/v1/attention/backends/triton_attn.py``
 ``do_kv_cache_update`` :720) at v0.22.1.
 Left out: the metadata builder (our model runner fills
 ``AttentionMetadata`` itself), FP8/quantized caches, cascade attention,
-sliding windows, ALiBi, soft-capping, sinks, encoder attention, output
+ALiBi, soft-capping, sinks, encoder attention, output
 quantization and CUDA-graph padding.
 
 Routing differs from upstream, which always calls one "unified" kernel and
@@ -58,6 +58,7 @@ class TritonAttentionImpl(AttentionImpl):
                 md.query_start_loc,
                 md.max_seq_len,
                 self.scale,
+                sliding_window=self.sliding_window,
             )
         else:
             prefill_attention(
@@ -69,5 +70,6 @@ class TritonAttentionImpl(AttentionImpl):
                 md.query_start_loc,
                 md.max_query_len,
                 self.scale,
+                sliding_window=self.sliding_window,
             )
         return out

@@ -15,7 +15,8 @@ merges them with the same rescaling the online softmax uses.
 
 Invariants:
 - every request has exactly one query token, at row ``query_start_loc[i]``;
-  it sits at position ``seq_len - 1`` and sees keys ``0 .. seq_len - 1``;
+  it sits at position ``seq_len - 1`` and sees keys ``0 .. seq_len - 1``
+  (``seq_len - w .. seq_len - 1`` with a sliding window of w);
 - a split writes (max m, sum-exp l, unnormalised acc); an empty split writes
   m = -inf, l = 0, acc = 0, which the merge weighs as zero;
 - all arithmetic is float32 (the dot products are done as broadcast-and-sum,
@@ -55,6 +56,7 @@ def _decode_split_kernel(
     HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr = 0,  # 0: full attention; w: the last w positions only
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -67,6 +69,10 @@ def _decode_split_kernel(
     span = tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
     kv_lo = split * span
     kv_hi = tl.minimum(seq_len, kv_lo + span)
+    if SLIDING_WINDOW > 0:
+        # The query (at seq_len - 1) sees its last SLIDING_WINDOW positions:
+        # a split wholly before them is empty, one across their start is cut.
+        kv_lo = tl.maximum(kv_lo, seq_len - SLIDING_WINDOW)
 
     # The GROUP query heads sharing this KV head form the rows of the tile.
     g = tl.arange(0, GROUP_PAD)
@@ -189,8 +195,10 @@ def decode_attention(
     scale: float,
     num_splits: int | None = None,
     tile_n: int = 32,
+    sliding_window: int | None = None,
 ) -> None:
-    """Attention of each request's single query over its whole cached sequence."""
+    """Attention of each request's single query over its whole cached sequence (over
+    its last ``sliding_window`` positions, when given)."""
     num_heads, head_size = query.shape[1:]
     num_kv_heads = kv_cache.shape[3]
     assert num_heads % num_kv_heads == 0 and kv_cache.shape[4] == head_size
@@ -235,6 +243,7 @@ def decode_attention(
         HEAD_PAD=head_pad,
         BLOCK_SIZE=kv_cache.shape[2],
         TILE_N=tile_n,
+        SLIDING_WINDOW=sliding_window or 0,
     )
     _decode_merge_kernel[(num_reqs, num_heads)](
         out,

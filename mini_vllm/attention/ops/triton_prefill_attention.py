@@ -65,6 +65,7 @@ def _prefill_kernel(
     BLOCK_Q: tl.constexpr,  # query tokens per program
     TILE_N: tl.constexpr,  # keys per inner-loop step
     DOT_FP32: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr = 0,  # 0: full attention; w: the last w positions only
 ):
     req = tl.program_id(0)
     q_block = tl.program_id(1)
@@ -130,6 +131,10 @@ def _prefill_kernel(
         # Causal mask (it also hides the unloaded keys >= kv_end for every
         # real row, since a real row's position is < kv_end).
         s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))
+        if SLIDING_WINDOW > 0:
+            # Keys older than the window are hidden too (a row may then see no
+            # key in this tile: m_ref below keeps that row finite).
+            s = tl.where(k_pos[None, :] > q_pos[:, None] - SLIDING_WINDOW, s, float("-inf"))
 
         # Online-softmax rescaling: if this tile raises a row's max from m to
         # m_new, everything summed so far was weighted by exp(. - m) and must
@@ -165,8 +170,10 @@ def prefill_attention(
     scale: float,
     block_m: int = 32,
     tile_n: int = 32,
+    sliding_window: int | None = None,
 ) -> None:
-    """Causal paged attention for every request's new tokens (rows up to query_start_loc[-1])."""
+    """Causal paged attention for every request's new tokens (rows up to query_start_loc[-1]);
+    with ``sliding_window`` w, a query at position p sees positions p-w+1..p only."""
     num_heads, head_size = query.shape[1:]
     num_kv_heads = kv_cache.shape[3]
     assert num_heads % num_kv_heads == 0 and kv_cache.shape[4] == head_size
@@ -209,4 +216,5 @@ def prefill_attention(
         BLOCK_Q=block_q,
         TILE_N=tile_n,
         DOT_FP32=dot_fp32,
+        SLIDING_WINDOW=sliding_window or 0,
     )

@@ -2,9 +2,9 @@
 
 Mirrors upstream ``vllm/model_executor/layers/attention/attention.py``
 (``Attention`` :177, its ``forward`` :437, ``calc_kv_scales`` :531) at
-v0.22.1. Left out: sliding windows, KV-sharing, custom-op registration for
-torch.compile, query scales, scales read from a checkpoint or computed
-(upstream's deprecated ``calculate_kv_scales``).
+v0.22.1. Left out: KV-sharing, custom-op registration for torch.compile,
+query scales, scales read from a checkpoint or computed (upstream's
+deprecated ``calculate_kv_scales``).
 
 An fp8 KV cache (``kv_cache_dtype="fp8"``) keeps ``key / k_scale`` and
 ``value / v_scale`` in e4m3, with upstream's per-layer scales ``_k_scale``
@@ -18,7 +18,10 @@ an fp8 cache unchanged.
 
 The model runner binds ``kv_cache`` (one tensor per layer, see
 ``mini_vllm.attention.backend``) and a backend implementation before the
-first forward; each forward takes its metadata from the forward context.
+first forward; each forward takes its metadata from the forward context
+(its own entry, by layer name, when the model has several KV-cache groups).
+``per_layer_sliding_window`` makes it a sliding-window layer (upstream's
+argument of the same name): its backend sees only the last that many tokens.
 """
 
 from __future__ import annotations
@@ -32,7 +35,13 @@ from mini_vllm.forward_context import get_forward_context
 
 class Attention(nn.Module):
     def __init__(
-        self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, prefix: str = ""
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        prefix: str = "",
+        per_layer_sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -40,6 +49,7 @@ class Attention(nn.Module):
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.layer_name = prefix
+        self.sliding_window = per_layer_sliding_window
         self.kv_cache: torch.Tensor | None = None
         self.impl: AttentionImpl | None = None
         self.kv_cache_dtype = "auto"
@@ -47,7 +57,13 @@ class Attention(nn.Module):
     def bind(
         self, impl_cls: type[AttentionImpl], kv_cache: torch.Tensor, kv_cache_dtype: str = "auto"
     ) -> None:
-        self.impl = impl_cls(self.num_heads, self.head_size, self.scale, self.num_kv_heads)
+        self.impl = impl_cls(
+            self.num_heads,
+            self.head_size,
+            self.scale,
+            self.num_kv_heads,
+            sliding_window=self.sliding_window,
+        )
         self.kv_cache = kv_cache
         self.kv_cache_dtype = kv_cache_dtype
         # upstream's set_default_quant_scales: 1.0 until a checkpoint says otherwise
@@ -67,6 +83,8 @@ class Attention(nn.Module):
         if self.impl is None or self.kv_cache is None:
             raise RuntimeError(f"attention layer {self.layer_name!r} has no KV cache bound")
         metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, dict):
+            metadata = metadata[self.layer_name]
         t = query.shape[0]
         quantized = self.kv_cache_dtype.startswith("fp8")
         if quantized:  # stored: key / k_scale, value / v_scale (see the docstring)

@@ -1,9 +1,10 @@
-"""Tiny seeded Llama and Qwen3 checkpoints, written in Hugging Face's format.
+"""Tiny seeded Llama, Qwen3 and Ministral checkpoints, in Hugging Face's format.
 
-    python -m mini_vllm.model_executor.model_loader.tiny OUT_DIR [--arch llama|qwen3|all]
-                                                       [--seed N] [--tokenizer]
+    python -m mini_vllm.model_executor.model_loader.tiny OUT_DIR
+        [--arch llama|qwen3|ministral|all] [--seed N] [--tokenizer]
 
-writes ``OUT_DIR/tiny-llama`` and/or ``OUT_DIR/tiny-qwen3``, each a folder
+writes ``OUT_DIR/tiny-llama``, ``OUT_DIR/tiny-qwen3`` and/or
+``OUT_DIR/tiny-ministral``, each a folder
 with ``config.json``, ``generation_config.json`` and ``model.safetensors``
 that ``load_model`` (and transformers) can read. mini_vllm-only tooling, no
 upstream twin.
@@ -17,7 +18,10 @@ norm weights are drawn too (around 1) so that loading them is tested.
 Shapes are chosen to exercise the model code: grouped-query attention (4
 query heads on 2 KV heads), tied embeddings for Llama and untied for
 Qwen3, and for Qwen3 a ``head_dim`` (32) that is not
-``hidden_size / num_heads`` (16).
+``hidden_size / num_heads`` (16). Ministral (transformers' Llama with
+per-layer ``layer_types``) mixes sliding-window layers (a window of
+``TINY_SLIDING_WINDOW`` tokens) with a full-attention one: a hybrid model,
+whose KV cache has two groups.
 
 Tokenizer: without ``--tokenizer`` the vocabulary is 512 ids and no
 tokenizer is written (feed token ids directly). With it, SmolLM2's
@@ -37,11 +41,14 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     LlamaConfig,
+    MinistralConfig,
     PretrainedConfig,
     Qwen3Config,
 )
 
-ARCHS = ("llama", "qwen3")
+ARCHS = ("llama", "qwen3", "ministral")
+# The tiny Ministral's window, in tokens: short, so prompts and outputs pass it.
+TINY_SLIDING_WINDOW = 8
 SMALL_VOCAB = 512
 
 
@@ -73,6 +80,17 @@ def tiny_config(arch: str, vocab_size: int = SMALL_VOCAB) -> PretrainedConfig:
             tie_word_embeddings=False,
             head_dim=32,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            **common,
+        )
+    if arch == "ministral":
+        # Full and sliding-window layers mixed (hybrid KV cache: two groups).
+        return MinistralConfig(
+            architectures=["MinistralForCausalLM"],
+            tie_word_embeddings=False,
+            head_dim=16,
+            sliding_window=TINY_SLIDING_WINDOW,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             **common,
         )
     raise ValueError(f"unknown tiny architecture {arch!r}: use one of {ARCHS}")

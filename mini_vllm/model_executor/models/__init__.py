@@ -3,7 +3,7 @@
 Mirrors upstream ``vllm/model_executor/models/registry.py`` at v0.22.1
 (the ``_TEXT_GENERATION_MODELS`` table and
 ``_ModelRegistry.resolve_model_cls`` at :1202), cut down to a dict of the
-two architectures mini_vllm implements. Left out: lazy imports, out-of-tree
+architectures mini_vllm implements. Left out: lazy imports, out-of-tree
 registration, the Transformers-backend fallback, pooling / multimodal
 models and model inspection.
 
@@ -24,10 +24,18 @@ from mini_vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 _TEXT_GENERATION_MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    # transformers' Ministral: Llama with per-layer sliding windows
+    # (``layer_types``), which upstream's llama.py honours (:184-203).
+    # Upstream's table has no entry for it (its Transformers backend runs it).
+    "MinistralForCausalLM": LlamaForCausalLM,
 }
 
 # For configs that name no architecture (transformers' GGUF parsing, say).
-_MODEL_TYPE_TO_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_MODEL_TYPE_TO_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "ministral": "MinistralForCausalLM",
+}
 
 
 def get_supported_archs() -> list[str]:

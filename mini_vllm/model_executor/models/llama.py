@@ -5,9 +5,13 @@ Mirrors upstream ``vllm/model_executor/models/llama.py`` at v0.22.1
 :253, ``LlamaModel`` at :350 with its ``LlamaModel.load_weights`` at :436,
 ``LlamaForCausalLM`` at :501). Left out: tensor and pipeline parallelism
 (mini_vllm's "parallel" layers hold whole weights), LoRA, EAGLE hooks,
-torch.compile, sliding-window layers, bidirectional (encoder-only) use,
+torch.compile, bidirectional (encoder-only) use,
 ``logit_scale``, and the GGUF-specific GPT-J RoPE (mini_vllm's loader
-un-permutes GGUF q/k weights instead).
+un-permutes GGUF q/k weights instead). Sliding-window layers as upstream's
+``LlamaAttention`` sets them (:184-203): a config's ``layer_types`` names
+each layer ``"full_attention"`` or ``"sliding_attention"``, the latter with
+``config.sliding_window``; transformers' Ministral is this model with
+``layer_types`` (the architecture the hybrid tests run).
 
 Kept from upstream: q, k and v come out of one fused ``qkv_proj`` matmul,
 gate and up out of one ``gate_up_proj``; ``load_weights`` takes Hugging
@@ -65,6 +69,15 @@ def rope_parameters(config: PretrainedConfig) -> dict:
     if params:
         return dict(params)
     return {"rope_type": "default", "rope_theta": getattr(config, "rope_theta", 10000.0)}
+
+
+def extract_layer_index(prefix: str) -> int:
+    """The one integer in a module name: ``"model.layers.3.self_attn"`` -> 3
+    (upstream's helper of the same name, models/utils.py:738)."""
+    ints = [int(part) for part in prefix.split(".") if part.isdigit()]
+    if len(ints) != 1:
+        raise ValueError(f"module name {prefix!r} should hold exactly one layer index")
+    return ints[0]
 
 
 class LlamaMLP(nn.Module):
@@ -127,8 +140,17 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = get_rope(
             self.head_dim, config.max_position_embeddings, rope_parameters(config)
         )
+        sliding_window = None
+        if layer_types := getattr(config, "layer_types", None):
+            if layer_types[extract_layer_index(prefix)] == "sliding_attention":
+                sliding_window = config.sliding_window
         self.attn = Attention(
-            self.num_heads, self.head_dim, self.scaling, self.num_kv_heads, prefix=f"{prefix}.attn"
+            self.num_heads,
+            self.head_dim,
+            self.scaling,
+            self.num_kv_heads,
+            prefix=f"{prefix}.attn",
+            per_layer_sliding_window=sliding_window,
         )
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -148,9 +170,6 @@ class LlamaDecoderLayer(nn.Module):
         quant_config: QuantizationConfig | None = None,
     ) -> None:
         super().__init__()
-        layer_types = getattr(config, "layer_types", None) or []
-        if getattr(config, "use_sliding_window", False) or "sliding_attention" in layer_types:
-            raise ValueError("sliding-window attention is not supported by mini_vllm")
         self.self_attn = self.attention_cls(
             config, prefix=f"{prefix}.self_attn", quant_config=quant_config
         )
