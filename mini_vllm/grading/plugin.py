@@ -225,9 +225,10 @@ def alarm(item):
     def on_alarm(signum, frame):
         where = hung_where(frame)
         message = (
-            f"still running after {seconds:g} s, so it was stopped, in {where}. Look for a "
-            "loop that never ends (a `while` whose exit condition never becomes true, or a "
-            "request that is never scheduled or never finishes)."
+            f"still running after {seconds:g} s (time spent waiting for a busy CPU not "
+            f"counted), so it was stopped, in {where}. Look for a loop that never ends (a "
+            "`while` whose exit condition never becomes true, or a request that is never "
+            "scheduled or never finishes)."
         )
         # Recorded before raising: code that swallows the exception cannot undo it.
         grading = item.config._grading
