@@ -87,10 +87,18 @@ class Attention(nn.Module):
             metadata = metadata[self.layer_name]
         t = query.shape[0]
         quantized = self.kv_cache_dtype.startswith("fp8")
+        # BEGIN LAB 10.3: an fp8 cache stores key / k_scale and value / v_scale
+        # HINT: receives quantized, query, key, value, self._k_scale_float, self._v_scale_float;
+        # HINT: leaves query, key and value as the backend must see them.
+        # HINT: the backend stores key and value by a cast to the cache's dtype and reads
+        # HINT: them back by a cast to float32; what is read must be multiplied by its scale
+        # HINT: again: fold k_scale into the query (q·(k̂ k_scale) = (q k_scale)·k̂).
+        # HINT: a cache that is not fp8 is left as it is, whatever the scales.
         if quantized:  # stored: key / k_scale, value / v_scale (see the docstring)
             query = query * self._k_scale_float
             key = key / self._k_scale_float
             value = value / self._v_scale_float
+        # END LAB 10.3
         out = self.impl.forward(
             query.view(t, self.num_heads, self.head_size),
             key.view(t, self.num_kv_heads, self.head_size),
@@ -98,6 +106,10 @@ class Attention(nn.Module):
             self.kv_cache,
             metadata,
         )
+        # BEGIN LAB 10.3: the values read back carry v_scale
+        # HINT: receives quantized, out, self._v_scale_float; leaves out: attention over the
+        # HINT: dequantized values (Σ p (v̂ v_scale) = (Σ p v̂) v_scale).
         if quantized:
             out = out * self._v_scale_float
+        # END LAB 10.3
         return out.reshape(t, self.num_heads * self.head_size)

@@ -64,16 +64,32 @@ class Fp8OnlineLinearMethod(LinearMethodBase):
             layer, input_size, output_partition_sizes, params_dtype
         )
 
+    # BEGIN LAB 10.4: quantize the loaded float weight to fp8, once
     def process_weights_after_loading(self, layer):
+        """``layer.weight`` (float [out, in]) -> fp8 ``layer.weight`` and float32
+        ``layer.weight_scale`` ([1, 1] per tensor, [1, out] per channel)."""
+        # HINT: self.weight_quant is a QuantFP8 built for the weight (per tensor, or per
+        # HINT: row = per output channel); replace the parameters (nn.Parameter,
+        # HINT: requires_grad=False); apply() multiplies by weight_scale as a row vector.
         qweight, weight_scale = self.weight_quant(layer.weight.data)
         layer.weight = nn.Parameter(qweight, requires_grad=False)  # fp8 [out, in]
         # [1] per tensor, [out, 1] per channel: as a row vector over the outputs.
         layer.weight_scale = nn.Parameter(weight_scale.view(1, -1), requires_grad=False)
 
+    # END LAB 10.4
+
+    # BEGIN LAB 10.2: the fp8 product, scaled back
     def apply(self, layer, x, bias=None):
+        """``x [T, in]`` -> ``[T, out]`` in ``x``'s dtype, through fp8 activations and weights."""
+        # HINT: quantize x per token with self.input_quant (q, one scale a token), widen both
+        # HINT: fp8 operands to float32 (exact), multiply (x W^T), then scale the product:
+        # HINT: by each token's scale (a column) and by layer.weight_scale (a row), in that
+        # HINT: order; add the bias last; cast back to x's dtype.
         qx, x_scale = self.input_quant(x)  # [T, in] fp8, [T, 1]
         out = torch.mm(qx.to(torch.float32), layer.weight.to(torch.float32).t())
         out = out * x_scale * layer.weight_scale
         if bias is not None:
             out = out + bias
         return out.to(x.dtype)
+
+    # END LAB 10.2

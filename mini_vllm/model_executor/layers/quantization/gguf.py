@@ -110,11 +110,27 @@ def ggml_dequantize(
             f"{quant_type.name} weights, got {qweight.dtype} {list(qweight.shape)}"
         )
     blocks = qweight.reshape(-1, type_size)  # one block a row
+    # BEGIN LAB 10.1: a block's fp16 scale d
+    # HINT: receives blocks (uint8 [num_blocks, type_size], one block a row); leaves d,
+    # HINT: float32 [num_blocks, 1]: the block's first two bytes read as one float16.
+    # HINT: a view reinterprets bytes (tensor.view(torch.float16)) where .to() would convert
+    # HINT: the numbers; a slice of columns needs .contiguous() before a view.
     d = blocks[:, :2].contiguous().view(torch.float16).float()  # [blocks, 1]
+    # END LAB 10.1
     if quant_type == WeightType.Q8_0:
+        # BEGIN LAB 10.1: Q8_0: 32 signed bytes times d
+        # HINT: receives blocks, d; leaves out, float32 [num_blocks, 32]: w = q * d.
+        # HINT: the 32 bytes after d are int8 (two's complement): reinterpret, do not convert.
         q = blocks[:, 2:].contiguous().view(torch.int8).float()
         out = q * d
+        # END LAB 10.1
     else:
+        # BEGIN LAB 10.1: Q4_0 and Q4_1: 16 bytes of nibbles
+        # HINT: receives blocks, d, quant_type, type_size, block_size; leaves out, float32
+        # HINT: [num_blocks, 32]. The block's last 16 bytes hold 32 four-bit q: the low
+        # HINT: nibbles are weights 0-15, the high nibbles weights 16-31.
+        # HINT: Q4_0: w = (q - 8) * d. Q4_1: bytes 2-3 are an fp16 minimum m, w = d * q + m.
+        # HINT: gguf.quants computes in float32 in exactly that order: match it bit for bit.
         packed = blocks[:, type_size - block_size // 2 :]  # the 16 bytes of nibbles
         q = torch.cat([packed & 0x0F, packed >> 4], dim=1)
         if quant_type == WeightType.Q4_0:
@@ -122,6 +138,7 @@ def ggml_dequantize(
         else:  # Q4_1
             minimum = blocks[:, 2:4].contiguous().view(torch.float16).float()
             out = d * q.float() + minimum
+        # END LAB 10.1
     return out.reshape(m, n).to(dtype or torch.float32)
 
 
@@ -188,8 +205,12 @@ class GGUFLinearMethod(LinearMethodBase):
         layer.qweight = nn.Parameter(qweight.to(layer.qweight_type.device), requires_grad=False)
         layer.data_container.clear()
 
+    # BEGIN LAB 10.4: the whole weight of a (fused) layer, shard by shard
     def dequantized_weight(self, layer, dtype: torch.dtype) -> torch.Tensor:
         """The whole [out, in] weight, shard by shard."""
+        # HINT: layer.shard_offset_map[shard_id] is (first row, end row, bytes a row) of
+        # HINT: that shard in layer.qweight (rows padded to the widest shard: slice them).
+        # HINT: layer.qweight_type holds each shard's type, in layer.shard_ids order.
         parts = []
         types = layer.qweight_type.tolist()
         for shard_id, qweight_type in zip(layer.shard_ids, types, strict=True):
@@ -198,6 +219,8 @@ class GGUFLinearMethod(LinearMethodBase):
             parts.append(ggml_dequantize(part, qweight_type, end - start, layer.input_size, dtype))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    # END LAB 10.4
+
     def apply(self, layer, x, bias=None):
         return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
 
@@ -205,7 +228,11 @@ class GGUFLinearMethod(LinearMethodBase):
 class GGUFEmbeddingMethod(GGUFLinearMethod):
     """A GGUF embedding table: rows dequantized as they are looked up."""
 
+    # BEGIN LAB 10.4: an embedding lookup that dequantizes only the rows it reads
     def embedding(self, layer, input_):
+        """``input_`` token ids (any shape) -> their rows, dequantized, in ``params_dtype``."""
+        # HINT: the table is one shard (shard id None); pick the rows' bytes first
+        # HINT: (index_select), then dequantize just those rows.
         qweight_type = int(layer.qweight_type[0])
         _, _, width = layer.shard_offset_map[None]
         rows = layer.qweight[:, :width].index_select(0, input_.flatten())
@@ -213,3 +240,5 @@ class GGUFEmbeddingMethod(GGUFLinearMethod):
             rows, qweight_type, rows.shape[0], layer.input_size, self.params_dtype
         )
         return out.view(*input_.shape, layer.input_size)
+
+    # END LAB 10.4

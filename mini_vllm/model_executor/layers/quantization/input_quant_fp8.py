@@ -67,6 +67,12 @@ class QuantFP8:
         if scale_ub is not None and (self.static or not self.use_per_token_if_dynamic):
             raise ValueError("QuantFP8: scale_ub caps dynamic per-token scales only")
         if scale is None:
+            # BEGIN LAB 10.2: the dynamic scale: per token or per tensor
+            # HINT: receives x, scale_ub, self.use_per_token_if_dynamic; leaves scale, float32:
+            # HINT: [T, 1] per token (one a row), [1] per tensor.
+            # HINT: scale = amax(|x|) / _FP8_MAX (a token's amax capped at scale_ub when one is
+            # HINT: given), never below _FP8_MIN_SCALING_FACTOR; take the amax in x's dtype,
+            # HINT: then widen it to float32.
             if self.use_per_token_if_dynamic:
                 x_max = x.abs().max(dim=-1).values.unsqueeze(-1).to(torch.float32)
                 if scale_ub is not None:
@@ -74,6 +80,12 @@ class QuantFP8:
             else:
                 x_max = x.abs().max().unsqueeze(-1).to(torch.float32)
             scale = (x_max / _FP8_MAX).clamp(min=_FP8_MIN_SCALING_FACTOR)
-        # As upstream: multiply by the reciprocal (not divide), clamp, cast.
+            # END LAB 10.2
+        # BEGIN LAB 10.2: x / scale, clamped to e4m3's range, cast
+        # HINT: receives x, scale; returns (q, scale), q in FP8_DTYPE with x's shape.
+        # HINT: as upstream: multiply by the reciprocal of the scale (in float32), do not
+        # HINT: divide: near a rounding tie the two give different fp8 values. Clamp to
+        # HINT: [_FP8_MIN, _FP8_MAX] before the cast (a cast does not saturate).
         out = x.to(torch.float32) * scale.to(torch.float32).reciprocal()
         return out.clamp(_FP8_MIN, _FP8_MAX).to(FP8_DTYPE), scale
+        # END LAB 10.2
