@@ -329,6 +329,39 @@ PLANTS = [
         "    req_stats.scheduled_ts = now\n",
         "a resumed request's admission overwrites its first scheduled_ts",
     ),
+    # ---- Phase 10: quantization
+    # issue 33 (Lab 10.1: "low nibbles are weights 0-15"), written from the lab's HINT
+    Plant(
+        "10",
+        "mini_vllm/model_executor/layers/quantization/gguf.py",
+        "q = torch.cat([packed & 0x0F, packed >> 4], dim=1)",
+        "q = torch.cat([packed >> 4, packed & 0x0F], dim=1)",
+        "Q4 blocks unpack the high nibbles first",
+    ),
+    # issue 33 (Lab 10.2: QuantFP8 multiplies by the reciprocal), from the lab's HINT
+    Plant(
+        "10",
+        "mini_vllm/model_executor/layers/quantization/input_quant_fp8.py",
+        "out = x.to(torch.float32) * scale.to(torch.float32).reciprocal()",
+        "out = x.to(torch.float32) / scale.to(torch.float32)",
+        "QuantFP8 divides by the scale instead of multiplying by its reciprocal",
+    ),
+    # issue 33 (Lab 10.3: k_scale folded into the query), from the lab's HINT
+    Plant(
+        "10",
+        "mini_vllm/model_executor/layers/attention.py",
+        "            query = query * self._k_scale_float\n",
+        "",
+        "an fp8 cache stores key / k_scale but the query never gets k_scale back",
+    ),
+    # issue 33 (Lab 10.4: the weight scale as a row over the outputs), from the lab's HINT
+    Plant(
+        "10",
+        "mini_vllm/model_executor/layers/quantization/fp8.py",
+        "layer.weight_scale = nn.Parameter(weight_scale.view(1, -1), requires_grad=False)",
+        "layer.weight_scale = nn.Parameter(weight_scale, requires_grad=False)",
+        "a per-channel fp8 weight scale kept as a column, not a row over the outputs",
+    ),
     # ---- Phase 12: structured outputs
     # stop 26 (issue 15): "FCFS taking waiting before skipped_waiting"
     Plant(
