@@ -44,9 +44,20 @@ what a test checks):
   connectors, pipeline parallelism, another model, prompt logprobs,
   multimodal inputs) raises ``MissingInMiniVllm``;
 - mini_vllm's constructors take numbers where upstream's take a
-  ``KVCacheConfig`` (UPSTREAM_PIN.md): ``KVCacheManager`` and ``BlockPool``
-  build mini_vllm's from one full-attention group, and ``KVCacheConfig``,
-  ``KVCacheGroupSpec`` and ``KVCacheTensor`` are plain holders for them;
+  ``KVCacheConfig`` (UPSTREAM_PIN.md): ``KVCacheManager`` is built from the
+  config's block count and block size and the config itself (any groups of
+  one block size), ``BlockPool`` without ``hash_block_size``;
+  ``cache_full_blocks`` takes upstream's ``block_size`` when it is the
+  pool's; the pool's prefix cache (a dict of dicts) also answers the two
+  ``BlockHashToBlockMap`` calls tests plant blocks with (``insert``,
+  ``_cache``); ``new_step_starts``, a hook only upstream's Mamba manager
+  acts on, does nothing;
+- ``FullAttentionSpec`` and ``SlidingWindowSpec`` take upstream's extra
+  fields (``page_size_padded``, ``attention_chunk_size``) while they are
+  None and build mini's own spec; ``SlidingWindowManager`` and
+  ``FullAttentionManager`` take upstream's extra arguments while they ask
+  for nothing mini leaves out (``num_tokens_main_model`` equal to
+  ``num_tokens``, no external tokens, no EAGLE, one-block alignment);
 - ``Request``, ``SamplingParams``, ``ModelRunnerOutput``, ``SchedulerOutput``
   and ``CachedRequestState`` take upstream's extra keywords (``mm_features``,
   ``prompt_logprobs``, ``scheduled_encoder_inputs``...) while they are empty,
@@ -83,7 +94,6 @@ import inspect
 import json
 import os
 import types
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -103,6 +113,8 @@ MODULE_MAP = {
     "vllm.v1.core.kv_cache_utils": "mini_vllm.core.kv_cache_utils",
     "vllm.v1.core.block_pool": "mini_vllm.core.block_pool",
     "vllm.v1.core.kv_cache_manager": "mini_vllm.core.kv_cache_manager",
+    "vllm.v1.core.kv_cache_coordinator": "mini_vllm.core.kv_cache_coordinator",
+    "vllm.v1.core.single_type_kv_cache_manager": "mini_vllm.core.single_type_kv_cache_manager",
     "vllm.v1.core.sched.output": "mini_vllm.core.sched.output",
     "vllm.v1.core.sched.request_queue": "mini_vllm.core.sched.request_queue",
     "vllm.v1.core.sched.scheduler": "mini_vllm.core.sched.scheduler",
@@ -416,6 +428,22 @@ def _accepting_absent_features(cls, names: tuple[str, ...]):
     return _AdapterMeta(cls.__name__, (cls,), namespace)
 
 
+def _spec(name: str):
+    """A KV-cache spec built with upstream's extra fields while they are
+    absent (``page_size_padded``, ``attention_chunk_size``...): construction
+    hands back mini_vllm's own spec, so ``type(spec)`` stays mini's class."""
+    spec_cls = getattr(module_for("vllm.v1.kv_cache_interface"), name)
+
+    class SpecMeta(_AdapterMeta):
+        def __call__(cls, *args, **kwargs):
+            for key in list(kwargs):
+                if key not in spec_cls.__dataclass_fields__ and kwargs.pop(key) is not None:
+                    raise MissingInMiniVllm(f"mini_vllm's {name} has no {key}")
+            return spec_cls(*args, **kwargs)
+
+    return SpecMeta(name, (spec_cls,), {"__module__": spec_cls.__module__})
+
+
 def _request():
     from mini_vllm.request import Request
 
@@ -435,19 +463,43 @@ def _kv_cache_manager():
     KVCacheManager = module_for("vllm.v1.core.kv_cache_manager").KVCacheManager
 
     class UpstreamSignatureKVCacheManager(KVCacheManager):
-        """mini_vllm's KVCacheManager built from upstream's arguments."""
+        """mini_vllm's KVCacheManager built from upstream's arguments: the
+        ``KVCacheConfig`` (any groups of one block size), and the block count
+        and block size mini's constructor also takes, read from it."""
 
-        def __init__(self, kv_cache_config, max_model_len, enable_caching=True, **kwargs):
+        def __init__(
+            self,
+            kv_cache_config,
+            max_model_len,
+            hash_block_size=None,
+            max_num_batched_tokens=None,
+            enable_caching=True,
+            **kwargs,
+        ):
             groups = kv_cache_config.kv_cache_groups
-            if len(groups) != 1:
-                raise MissingInMiniVllm("mini_vllm's KVCacheManager has one KV-cache group")
-            block_size = groups[0].kv_cache_spec.block_size
-            if kwargs.pop("hash_block_size", block_size) != block_size:
+            block_sizes = {group.kv_cache_spec.block_size for group in groups}
+            if len(block_sizes) != 1:
+                raise MissingInMiniVllm("mini_vllm's KV-cache groups share one block size")
+            block_size = block_sizes.pop()
+            if hash_block_size not in (None, block_size):
                 raise MissingInMiniVllm("mini_vllm hashes blocks of the cache's block size")
             for key, value in kwargs.items():
                 if value:
                     raise MissingInMiniVllm(f"mini_vllm's KVCacheManager has no {key}")
-            super().__init__(kv_cache_config.num_blocks, block_size, max_model_len, enable_caching)
+            super().__init__(
+                kv_cache_config.num_blocks,
+                block_size,
+                max_model_len,
+                enable_caching,
+                kv_cache_config=kv_cache_config,
+                max_num_batched_tokens=max_num_batched_tokens,
+            )
+            lookup = self.block_pool.cached_block_hash_to_block
+            self.block_pool.cached_block_hash_to_block = _BlockLookupView(lookup)
+
+        def new_step_starts(self) -> None:
+            """Upstream's per-step hook: only its Mamba manager acts on it
+            (vllm/v1/core/single_type_kv_cache_manager.py:476, :1118)."""
 
     return UpstreamSignatureKVCacheManager
 
@@ -461,10 +513,23 @@ def _model_runner_output():
     )
 
 
+class _BlockLookupView(dict):
+    """mini_vllm's prefix cache (key -> {block id: block}) answering the two
+    calls of upstream's ``BlockHashToBlockMap`` that tests use to plant
+    cached blocks: ``insert(key, block)`` and ``_cache.clear()``."""
+
+    @property
+    def _cache(self):
+        return self
+
+    def insert(self, key, block) -> None:
+        self.setdefault(key, {})[block.block_id] = block
+
+
 def _block_pool():
     BlockPool = module_for("vllm.v1.core.block_pool").BlockPool
 
-    class UpstreamSignatureBlockPool(BlockPool):
+    class UpstreamSignatureBlockPool(BlockPool, metaclass=_AdapterMeta):
         """mini_vllm's BlockPool given upstream's keywords. ``hash_block_size`` is
         dropped: mini_vllm always hashes blocks of the cache's own block size."""
 
@@ -473,8 +538,105 @@ def _block_pool():
                 if value:
                     raise MissingInMiniVllm(f"mini_vllm's BlockPool has no {key}")
             super().__init__(num_gpu_blocks, enable_caching)
+            self.cached_block_hash_to_block = _BlockLookupView()
+            self.hash_block_size = hash_block_size
 
+        def cache_full_blocks(
+            self,
+            request,
+            blocks,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size=None,
+            kv_cache_group_id=0,
+            block_mask=None,
+        ):
+            """Upstream passes the group's block size, which mini's pool
+            (one block size) does not need; a mask is a feature it leaves out."""
+            _absent("block_size", block_size, self.hash_block_size)
+            _absent("block_mask", block_mask, None)
+            super().cache_full_blocks(
+                request, blocks, num_cached_blocks, num_full_blocks, kv_cache_group_id
+            )
+
+    UpstreamSignatureBlockPool.__name__ = "BlockPool"
     return UpstreamSignatureBlockPool
+
+
+def _absent(name: str, value, absent_value) -> None:
+    """Refuse an upstream argument that asks for something mini_vllm leaves out."""
+    if value is not None and value != absent_value:
+        raise MissingInMiniVllm(f"mini_vllm's KV-cache managers have no {name}={value!r}")
+
+
+def _single_type_manager(name: str):
+    manager_cls = getattr(module_for("vllm.v1.core.single_type_kv_cache_manager"), name)
+
+    class UpstreamSignatureManager(manager_cls, metaclass=_AdapterMeta):
+        """mini_vllm's per-group manager called with upstream's extra arguments,
+        accepted while they ask for nothing mini leaves out: no spec-decode
+        lookahead (``num_tokens_main_model`` equals ``num_tokens``), no KV
+        connector (``num_external_computed_tokens`` 0), no EAGLE, no context
+        parallelism, and an ``alignment_tokens`` of one block (every group
+        has one block size)."""
+
+        def get_num_blocks_to_allocate(
+            self,
+            request_id,
+            num_tokens,
+            new_computed_blocks,
+            total_computed_tokens,
+            num_tokens_main_model=None,
+            apply_admission_cap=False,
+        ):
+            _absent("num_tokens_main_model", num_tokens_main_model, num_tokens)
+            return super().get_num_blocks_to_allocate(
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                apply_admission_cap=apply_admission_cap,
+            )
+
+        def allocate_new_computed_blocks(
+            self,
+            request_id,
+            new_computed_blocks,
+            num_local_computed_tokens,
+            num_external_computed_tokens=0,
+        ):
+            _absent("num_external_computed_tokens", num_external_computed_tokens, 0)
+            super().allocate_new_computed_blocks(
+                request_id, new_computed_blocks, num_local_computed_tokens
+            )
+
+        def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model=None):
+            _absent("num_tokens_main_model", num_tokens_main_model, num_tokens)
+            return super().allocate_new_blocks(request_id, num_tokens)
+
+        @classmethod
+        def find_longest_cache_hit(
+            cls,
+            block_hashes,
+            max_length,
+            kv_cache_group_ids,
+            block_pool,
+            kv_cache_spec,
+            use_eagle=False,
+            alignment_tokens=None,
+            dcp_world_size=1,
+            pcp_world_size=1,
+        ):
+            _absent("use_eagle", use_eagle, False)
+            _absent("alignment_tokens", alignment_tokens, kv_cache_spec.block_size)
+            _absent("dcp_world_size", dcp_world_size, 1)
+            _absent("pcp_world_size", pcp_world_size, 1)
+            return manager_cls.find_longest_cache_hit(
+                block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec
+            )
+
+    UpstreamSignatureManager.__name__ = name
+    return UpstreamSignatureManager
 
 
 def _scheduler_output():
@@ -589,27 +751,6 @@ def _find_longest_matched_ngram():
     return _find_longest_matched_ngram_and_propose_tokens
 
 
-@dataclass
-class KVCacheTensor:
-    """Upstream's KV-cache description, only read by the adapters above."""
-
-    size: int
-    shared_by: list[str]
-
-
-@dataclass
-class KVCacheGroupSpec:
-    layer_names: list[str]
-    kv_cache_spec: object
-
-
-@dataclass
-class KVCacheConfig:
-    num_blocks: int
-    kv_cache_tensors: list[KVCacheTensor]
-    kv_cache_groups: list[KVCacheGroupSpec]
-
-
 # (upstream module, name) -> a function building what a test gets for that name.
 ADAPTER_FACTORIES = {
     ("vllm.v1.request", "Request"): _request,
@@ -635,9 +776,14 @@ ADAPTER_FACTORIES = {
     ("vllm.v1.utils", "ConstantList"): lambda: (
         importlib.import_module("vllm.v1.utils").ConstantList
     ),
-    ("vllm.v1.kv_cache_interface", "KVCacheTensor"): lambda: KVCacheTensor,
-    ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"): lambda: KVCacheGroupSpec,
-    ("vllm.v1.kv_cache_interface", "KVCacheConfig"): lambda: KVCacheConfig,
+    ("vllm.v1.kv_cache_interface", "FullAttentionSpec"): lambda: _spec("FullAttentionSpec"),
+    ("vllm.v1.kv_cache_interface", "SlidingWindowSpec"): lambda: _spec("SlidingWindowSpec"),
+    ("vllm.v1.core.single_type_kv_cache_manager", "SlidingWindowManager"): lambda: (
+        _single_type_manager("SlidingWindowManager")
+    ),
+    ("vllm.v1.core.single_type_kv_cache_manager", "FullAttentionManager"): lambda: (
+        _single_type_manager("FullAttentionManager")
+    ),
 }
 
 
