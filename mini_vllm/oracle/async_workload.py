@@ -30,8 +30,9 @@ Each engine step's record holds the scheduled batch (the fields of
 was delivered, the update's outputs (and spec-decode stats), free blocks
 and prefix-cached blocks, each scheduled request's placeholders right after
 ``schedule()`` and every request's placeholders and counts at the end of
-the step. ``first_difference`` compares two traces with
-``ASYNC_FIELD_WORDS``.
+the step; with KV-cache groups (``kv_groups``) also the delivered update's
+prefix-cache stats and every request's block table in each group.
+``first_difference`` compares two traces with ``ASYNC_FIELD_WORDS``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ from mini_vllm.oracle.workload import (
     Arrivals,
     Progress,
     Workload,
+    _group_tables,
     _outputs,
+    _prefix_cache_stats,
     _spec_stats,
     describe_scheduler_output,
     fake_token,
@@ -72,6 +75,7 @@ def run_workload_async(backend, workload: Workload, scheduler=None) -> dict:
     ``async_scheduling=True``), for example a student's.
     """
     sched = scheduler or backend.create_scheduler(**workload.config, async_scheduling=True)
+    hybrid = workload.config.get("kv_groups") is not None
     eos = backend.EOS_TOKEN_ID
     specs = {s.req_id: s for s in workload.requests}
     arrivals = Arrivals(backend, sched, workload)
@@ -122,6 +126,11 @@ def run_workload_async(backend, workload: Workload, scheduler=None) -> dict:
             # Which blocks are in the prefix cache: a delivered token completes
             # a block that only now can be cached.
             record["cached_blocks"] = [kv["cached_blocks"], kv["num_cached_block"]]
+            if hybrid:
+                record["prefix_cache"] = _prefix_cache_stats(result)
+        if hybrid:
+            # KV-cache groups: every request's block table in each group.
+            record["tables"] = _group_tables(sched)
         record["requests"] = [
             [r.request_id, r.num_output_placeholders, r.num_computed_tokens, r.num_tokens]
             + [r.status.name]

@@ -40,7 +40,10 @@ Hybrid models: the same workloads on KV-cache groups (full attention + a
 sliding window, full + two window sizes, windows alone), prefix caching on
 and off, tight pools: every step's block ids per group, free blocks and
 prefix-cache hits must equal upstream's hybrid coordinator's
-(MINI_VLLM_HYBRID_LOCKSTEP_EXAMPLES, default 400).
+(MINI_VLLM_HYBRID_LOCKSTEP_EXAMPLES, default 400). The hybrid workloads also
+run through both AsyncSchedulers (outputs one step late, as above): block ids
+per group, tables, free blocks, hits and placeholders equal step for step
+(MINI_VLLM_ASYNC_HYBRID_LOCKSTEP_EXAMPLES, default 200).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ SPEC_EXAMPLES = examples(500, 100, "MINI_VLLM_SPEC_LOCKSTEP_EXAMPLES")
 ASYNC_SPEC_EXAMPLES = examples(200, 60, "MINI_VLLM_ASYNC_SPEC_LOCKSTEP_EXAMPLES")
 STRUCTURED_EXAMPLES = examples(120, 60, "MINI_VLLM_STRUCTURED_LOCKSTEP_EXAMPLES")
 HYBRID_EXAMPLES = examples(400, 100, "MINI_VLLM_HYBRID_LOCKSTEP_EXAMPLES")
+ASYNC_HYBRID_EXAMPLES = examples(200, 60, "MINI_VLLM_ASYNC_HYBRID_LOCKSTEP_EXAMPLES")
 
 
 @pytest.fixture(scope="module")
@@ -438,5 +442,57 @@ def test_hybrid_workloads_reach_preemption_hits_and_windows(counts):
         "hits",
         "window nulls",
         "window frees without caching",
+    ):
+        assert counts[f"{key} {name}"] > 0, counts
+
+
+@pytest.mark.xdist_group("async-hybrid-lockstep")
+@settings(
+    max_examples=ASYNC_HYBRID_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(workload=hybrid_workloads())
+def test_async_hybrid_lockstep_with_upstream(upstream, counts, workload):
+    """Upstream's AsyncScheduler on KV-cache groups (full attention and one or
+    two window sizes, its hybrid coordinator as on a GPU) and mini_vllm's,
+    outputs one step late: every engine step's block ids per group, block
+    tables, free blocks, prefix-cache hits and placeholders equal."""
+    expected = run_workload_async(upstream, workload)
+    got = run_workload_async(mini, workload)
+    steps = expected["steps"]
+    key = "async hybrid lockstep"
+    caching = workload.config["enable_prefix_caching"]
+    windows = [w for w in workload.config["kv_groups"] if w is not None]
+    for name, n in (
+        ("examples", 1),
+        ("examples with caching", caching),
+        ("examples without caching", not caching),
+        ("examples with two window sizes", len(set(windows)) > 1),
+        ("examples with preemption", any(s.get("preempted") for s in steps)),
+        ("hits", sum(s["prefix_cache"][2] for s in steps if s.get("prefix_cache"))),
+        ("window nulls", sum(_window_nulls(t[1]) for s in steps for t in s["tables"])),
+    ):
+        counts[f"{key} {name}"] = counts.get(f"{key} {name}", 0) + n
+    diff = first_difference(expected, got, field_words=ASYNC_FIELD_WORDS)
+    assert diff is None, f"{diff}\nconfig: {workload.config}"
+
+
+@pytest.mark.xdist_group("async-hybrid-lockstep")
+def test_async_hybrid_workloads_reach_preemption_hits_and_windows(counts):
+    """The async hybrid workloads must preempt, hit the prefix cache, run with
+    caching on and off and with two window sizes, and slide blocks out of a
+    window. Runs after the test above."""
+    key = "async hybrid lockstep"
+    if counts.get(f"{key} examples", 0) < 50:
+        pytest.skip("too few async hybrid lockstep examples ran to judge coverage")
+    for name in (
+        "examples with caching",
+        "examples without caching",
+        "examples with two window sizes",
+        "examples with preemption",
+        "hits",
+        "window nulls",
     ):
         assert counts[f"{key} {name}"] > 0, counts
