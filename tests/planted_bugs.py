@@ -279,6 +279,33 @@ PLANTS = [
         "            req_entries[a] = entry_b\n",
         "a one-way move brings b's entry back to a, as a swap would",
     ),
+    # ---- Phase 07: prefix caching at scale
+    # issue 31: "the hit search from the right", written from Lab 07.1's rule
+    # (cdiv(sliding_window - 1, block_size) blocks: the next token is in its own window)
+    Plant(
+        "07",
+        "mini_vllm/core/single_type_kv_cache_manager.py",
+        "num_contiguous_needed = cdiv(kv_cache_spec.sliding_window - 1, block_size)",
+        "num_contiguous_needed = cdiv(kv_cache_spec.sliding_window, block_size)",
+        "a window hit asks for a run covering the whole window, the next token included",
+    ),
+    # issue 31: "the fixed point across groups", written from Lab 07.2's rule
+    # (a round that shrinks the candidate makes every kind look again)
+    Plant(
+        "07",
+        "mini_vllm/core/kv_cache_coordinator.py",
+        "            if is_simple_hybrid:\n                break\n",
+        "            break\n",
+        "the hybrid hit stops after one round even with two window kinds",
+    ),
+    # issue 31: "group ids in the cached-block keys", written from Lab 07.3's rule
+    Plant(
+        "07",
+        "mini_vllm/core/single_type_kv_cache_manager.py",
+        "            kv_cache_group_id=self.kv_cache_group_id,\n",
+        "            kv_cache_group_id=0,\n",
+        "every group caches its blocks under group 0's keys",
+    ),
     # ---- Phase 08: speculative decoding
     # stop 26 (issue 13): "rollback by accepted instead of rejected"
     Plant(

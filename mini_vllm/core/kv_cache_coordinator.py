@@ -204,6 +204,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             attention_groups, key=lambda g: not isinstance(g[0], FullAttentionSpec)
         )
 
+    # BEGIN LAB 07.2: the hybrid prefix-cache hit: a fixed point across groups
     # mirrors vllm/v1/core/kv_cache_coordinator.py:503-607
     def find_longest_cache_hit(
         self, block_hashes: list[BlockHash], max_cache_hit_length: int
@@ -217,6 +218,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         attention looks up once: its hits are a prefix, so a shorter
         candidate just truncates them.
         """
+        # HINT: self.attention_groups: (spec, group ids, manager class), full attention
+        # HINT: first; manager_cls.find_longest_cache_hit(block_hashes, length, group_ids,
+        # HINT: self.block_pool, spec) gives one block list per group id.
+        # HINT: loop until a whole round leaves the candidate length unchanged.
         num_groups = len(self.kv_cache_config.kv_cache_groups)
         hit_length = max_cache_hit_length
         hit_blocks_by_group: list[list[KVCacheBlock] | None] = [None] * num_groups
@@ -251,6 +256,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 if blocks is not None:
                     del blocks[hit_length // spec.block_size :]
         return tuple(b if b is not None else [] for b in hit_blocks_by_group), hit_length
+
+    # END LAB 07.2
 
 
 def get_kv_cache_coordinator(

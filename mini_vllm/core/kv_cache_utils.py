@@ -49,19 +49,39 @@ BlockHash = NewType("BlockHash", bytes)
 BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
 
 
+# BEGIN LAB 07.3: the prefix cache's key: a block hash and its group id
+# mirrors vllm/v1/core/kv_cache_utils.py:55-64
 def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
-    """The prefix-cache key of ``block_hash`` in KV-cache group ``group_id``."""
+    """The prefix-cache key of ``block_hash`` in KV-cache group ``group_id``:
+    the hash's bytes, then the group id as 4 unsigned big-endian bytes (one
+    ``bytes`` object, not a tuple: cheap to hash and compare)."""
+    # HINT: int.to_bytes(length, byteorder, signed=...) turns the id into bytes.
     return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
 
 
+# END LAB 07.3
+
+
+# BEGIN LAB 07.3: the block hash inside a key
+# mirrors vllm/v1/core/kv_cache_utils.py:67-69
 def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
-    """The ``BlockHash`` inside a prefix-cache key."""
+    """The ``BlockHash`` inside a prefix-cache key (all but its last 4 bytes)."""
+    # HINT: the inverse of make_block_hash_with_group_id's first part.
     return BlockHash(key[:-4])
 
 
+# END LAB 07.3
+
+
+# BEGIN LAB 07.3: the group id inside a key
+# mirrors vllm/v1/core/kv_cache_utils.py:72-74
 def get_group_id(key: BlockHashWithGroupId) -> int:
-    """The KV-cache group id inside a prefix-cache key."""
+    """The KV-cache group id inside a prefix-cache key (its last 4 bytes)."""
+    # HINT: int.from_bytes reads what int.to_bytes wrote, with the same byte order.
     return int.from_bytes(key[-4:], "big", signed=False)
+
+
+# END LAB 07.3
 
 
 def init_none_hash(hash_fn: Callable[[Any], bytes]) -> None:
@@ -347,6 +367,8 @@ def unify_hybrid_kv_cache_specs(kv_cache_spec: dict[str, AttentionSpec]) -> None
         )
 
 
+# BEGIN LAB 07.4: split a hybrid model's layers into KV-cache groups
+# mirrors vllm/v1/core/kv_cache_utils.py:1057-1120
 def _get_kv_cache_groups_uniform_page_size(
     kv_cache_spec: dict[str, AttentionSpec],
 ) -> list[KVCacheGroupSpec]:
@@ -360,6 +382,8 @@ def _get_kv_cache_groups_uniform_page_size(
     parallelism). A kind whose count does not divide evenly leaves its last
     group short (upstream logs the padding it implies).
     """
+    # HINT: gather layer names by spec (specs are hashable; a dict keeps first-seen
+    # HINT: order), then create_kv_cache_group_specs(kv_cache_spec, grouped).
     same_type_layers: dict[AttentionSpec, list[str]] = {}
     for name, spec in kv_cache_spec.items():
         same_type_layers.setdefault(spec, []).append(name)
@@ -372,6 +396,9 @@ def _get_kv_cache_groups_uniform_page_size(
         num_groups = cdiv(len(layers), group_size)
         grouped.extend(layers[i::num_groups] for i in range(num_groups))
     return create_kv_cache_group_specs(kv_cache_spec, grouped)
+
+
+# END LAB 07.4
 
 
 def get_kv_cache_groups(

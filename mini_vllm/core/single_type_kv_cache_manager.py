@@ -131,8 +131,18 @@ class SingleTypeKVCacheManager:
         req_blocks.extend(new_blocks)
         return new_blocks
 
+    # BEGIN LAB 07.3: register one group's full blocks under that group's keys
+    # mirrors vllm/v1/core/single_type_kv_cache_manager.py:278-321
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Register the request's blocks that ``num_tokens`` tokens fill, in this group."""
+        """Register the request's blocks that ``num_tokens`` tokens fill, in this group.
+
+        ``self.num_cached_block[request_id]`` counts the leading blocks already
+        registered; the blocks after them, up to the last full one, go to
+        ``BlockPool.cache_full_blocks`` with this manager's group id, so each
+        group's blocks are cached under keys of their own group.
+        """
+        # HINT: a block is full when all block_size of its tokens are computed.
+        # HINT: cache_full_blocks takes kv_cache_group_id: pass self.kv_cache_group_id.
         num_cached_blocks = self.num_cached_block.get(request.request_id, 0)
         num_full_blocks = num_tokens // self.block_size
         if num_cached_blocks >= num_full_blocks:
@@ -146,12 +156,21 @@ class SingleTypeKVCacheManager:
         )
         self.num_cached_block[request.request_id] = num_full_blocks
 
+    # END LAB 07.3
+
+    # BEGIN LAB 07.3: free one group's blocks, tail first
+    # mirrors vllm/v1/core/single_type_kv_cache_manager.py:338-354
     def free(self, request_id: str) -> None:
         """Release the request's blocks, tail first (the end of a prefix is
-        evicted before its start); nulls in the table are skipped by the pool."""
+        evicted before its start); nulls in the table are skipped by the pool.
+        Forgets the request here (its table and cached-block count); a request
+        that holds no blocks (aborted before it got any) is fine."""
+        # HINT: BlockPool.free_blocks queues blocks that reach zero in the order given.
         req_blocks = self.req_to_blocks.pop(request_id, [])
         self.block_pool.free_blocks(reversed(req_blocks))
         self.num_cached_block.pop(request_id, None)
+
+    # END LAB 07.3
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         raise NotImplementedError
@@ -170,11 +189,14 @@ class SingleTypeKVCacheManager:
         list per group, nulls where the group needs no block."""
         raise NotImplementedError
 
+    # BEGIN LAB 07.1: free the blocks a window has left behind
     # mirrors vllm/v1/core/single_type_kv_cache_manager.py:420-461
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Free the blocks no later token will attend to, putting the null
         block in their place; walks back from the last skipped block and
         stops at the first null (everything before it was freed earlier)."""
+        # HINT: get_num_skipped_tokens(total_computed_tokens) // block_size leading
+        # HINT: blocks are out of the window; free them with one free_blocks call.
         num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
         if num_skipped_tokens <= 0:
             return
@@ -187,6 +209,8 @@ class SingleTypeKVCacheManager:
             removed.append(blocks[i])
             blocks[i] = self._null_block
         self.block_pool.free_blocks(removed)
+
+    # END LAB 07.1
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens no later token attends to (none by default)."""
@@ -230,6 +254,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         super().__init__(kv_cache_spec, **kwargs)
         self.sliding_window = kv_cache_spec.sliding_window
 
+    # BEGIN LAB 07.1: a window group's prefix-cache hit, searched from the right
+    # mirrors vllm/v1/core/single_type_kv_cache_manager.py:547-639
     @classmethod
     def find_longest_cache_hit(
         cls,
@@ -244,6 +270,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         blocks: the next token is in its own window); the blocks before the
         run are nulls. Without such a run, only a run starting at block 0 is
         a hit (the blocks of a short prefix are all in the window)."""
+        # HINT: block_pool.get_cached_block(hash, kv_cache_group_ids) gives one block
+        # HINT: per group, or None on a miss; a miss resets the run.
         assert isinstance(kv_cache_spec, SlidingWindowSpec)
         block_size = kv_cache_spec.block_size
         num_contiguous_needed = cdiv(kv_cache_spec.sliding_window - 1, block_size)
@@ -268,10 +296,18 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             del blocks[num_contiguous:]
         return computed
 
+    # END LAB 07.1
+
+    # BEGIN LAB 07.1: the tokens before the next token's window
+    # mirrors vllm/v1/core/single_type_kv_cache_manager.py:654-680
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens before the next token's window: with window 4 and 7 tokens
         computed, token 7 sees tokens 4-7, so tokens 0-3 (4 of them) are skipped."""
+        # HINT: the next token (number num_computed_tokens) sees sliding_window tokens,
+        # HINT: itself included; never a negative count.
         return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    # END LAB 07.1
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         """0: a window group's leading blocks are nulls, so counting shared
