@@ -1,6 +1,8 @@
 """KV-cache specs and groups against the pinned upstream: the same layers
 give the same groups (layer names and specs, in order), the same block
-count and the same tensors; sliding-window sizing equals upstream's.
+count and the same tensors, with a float16 cache and an fp8 one (a byte a
+value, as ``kv_cache_dtype="fp8"`` makes them); sliding-window sizing
+equals upstream's.
 
 Upstream's ``get_kv_cache_groups`` and ``get_kv_cache_config_from_groups``
 read only ``scheduler_config.disable_hybrid_kv_cache_manager`` and
@@ -32,10 +34,10 @@ PATTERNS = [
 ]
 
 
-def _specs(kv, pattern, block_size=4):
+def _specs(kv, pattern, block_size=4, dtype=torch.float16):
     specs = {}
     for i, (kind, window) in enumerate(pattern):
-        common = dict(block_size=block_size, num_kv_heads=2, head_size=8, dtype=torch.float16)
+        common = dict(block_size=block_size, num_kv_heads=2, head_size=8, dtype=dtype)
         if kind == "full":
             specs[f"layers.{i}.attn"] = kv.FullAttentionSpec(**common)
         else:
@@ -66,24 +68,26 @@ def _vllm_config(disable_hybrid: bool, override=None):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn], ids=["fp16", "fp8"])
 @pytest.mark.parametrize("disable_hybrid", [False, True])
 @pytest.mark.parametrize("name,pattern", PATTERNS, ids=[p[0] for p in PATTERNS])
-def test_groups_and_config_equal_upstream(name, pattern, disable_hybrid):
+def test_groups_and_config_equal_upstream(name, pattern, disable_hybrid, dtype):
     from vllm.v1 import kv_cache_interface as up_kv
     from vllm.v1.core import kv_cache_utils as up_utils
 
     try:
         up_groups = up_utils.get_kv_cache_groups(
-            _vllm_config(disable_hybrid), _specs(up_kv, pattern)
+            _vllm_config(disable_hybrid), _specs(up_kv, pattern, dtype=dtype)
         )
     except ValueError:
         with pytest.raises(ValueError):
             mini_utils.get_kv_cache_groups(
-                _specs(mini_kv, pattern), disable_hybrid_kv_cache_manager=disable_hybrid
+                _specs(mini_kv, pattern, dtype=dtype),
+                disable_hybrid_kv_cache_manager=disable_hybrid,
             )
         return
     mini_groups = mini_utils.get_kv_cache_groups(
-        _specs(mini_kv, pattern), disable_hybrid_kv_cache_manager=disable_hybrid
+        _specs(mini_kv, pattern, dtype=dtype), disable_hybrid_kv_cache_manager=disable_hybrid
     )
     assert _described(mini_groups) == _described(up_groups), name
     for memory, override in [(1 << 20, None), (123_457, None), (1 << 20, 77)]:
