@@ -22,6 +22,8 @@ import torch
 
 from mini_vllm.model_executor.layers.quantization import input_quant_fp8 as _reference
 from mini_vllm.model_executor.layers.quantization.input_quant_fp8 import (  # noqa: F401
+    _FP8_MAX,
+    _FP8_MIN,
     _FP8_MIN_SCALING_FACTOR,
     FP8_DTYPE,
     GroupShape,

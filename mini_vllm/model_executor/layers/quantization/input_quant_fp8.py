@@ -22,7 +22,8 @@ from typing import NamedTuple
 import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
-_FP8_MIN, _FP8_MAX = torch.finfo(FP8_DTYPE).min, torch.finfo(FP8_DTYPE).max
+_FP8_MIN = torch.finfo(FP8_DTYPE).min
+_FP8_MAX = torch.finfo(FP8_DTYPE).max
 _FP8_MIN_SCALING_FACTOR = 1.0 / (_FP8_MAX * 512.0)
 
 
