@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -203,7 +205,16 @@ def test_quantization_benchmark_runs_and_fp8_cache_holds_four_times_float32(tmp_
     from mini_vllm.benchmarks import quantization
 
     folder = make_tiny_model(tmp_path / "tiny", "llama", seed=0, tokenizer=True)
-    argv = ["--model", str(folder), "--tokens", "2", "--max-model-len", "64"]
+    argv = [
+        "--model",
+        str(folder),
+        "--tokens",
+        "2",
+        "--max-model-len",
+        "64",
+        "--out",
+        str(tmp_path),
+    ]
     quantization.main([*argv, "--kv-cache-memory-bytes", str(3 << 20)])
     names = [n for n, _ in quantization.CONFIGS]
     rows = {
@@ -214,3 +225,9 @@ def test_quantization_benchmark_runs_and_fp8_cache_holds_four_times_float32(tmp_
     assert sorted(rows) == sorted(n for n, kw in quantization.CONFIGS if "gguf" not in n)
     blocks = {name: int(row[2]) for name, row in rows.items()}
     assert blocks["fp8 KV cache"] == 4 * blocks["float32"] == 2 * blocks["bfloat16"]
+    # the result file states its conditions and holds every printed row
+    result = json.loads((tmp_path / "quantization_cpu.json").read_text())
+    assert result["threads"] >= 1 and sorted(result["configs"]) == sorted(rows)
+    for name, r in result["configs"].items():
+        assert len(r["loadavg_1m"]) == 2, f"{name}: load average before and after"
+        assert r["blocks"] == blocks[name], f"{name}: the file's blocks differ from the table's"

@@ -2,6 +2,7 @@
 
     python -m mini_vllm.benchmarks.quantization [--model PATH] [--tokens 32]
                                                 [--kv-cache-memory-bytes N]
+                                                [--threads N] [--out DIR]
 
 A course module (Phase 10); no upstream counterpart. For each configuration
 (float32, bfloat16, a GGUF kept quantized in memory, fp8 weights per tensor
@@ -15,7 +16,17 @@ the same model (SmolLM2 by default) and prints:
   each, ``ignore_eos``) and, for each prompt, how many tokens it produced
   before its first difference from float32 (the run is free: after a
   difference the contexts differ);
-- perplexity of a fixed text (``TEXT``), teacher-forced in one forward.
+- perplexity of a fixed text (``TEXT``), teacher-forced in one forward, and
+  on that text: at how many positions the most likely next token is float32's
+  (teacher-forced, so one difference does not change the later positions),
+  and the largest and mean absolute error of the log-probability float32
+  gives the text's next token.
+
+The conditions go with the numbers: thread count, the 1-minute load average
+before and after each configuration, torch's version. Each configuration
+first runs one short untimed generate (first calls pay one-off costs).
+Writes ``OUT/quantization_cpu.json`` (``OUT`` defaults to this folder's
+``results/``) and prints a table.
 
 Run it quiet: tokens per second on a busy machine mean little.
 """
@@ -23,8 +34,15 @@ Run it quiet: tokens per second on a busy machine mean little.
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import math
+import os
 import time
+from pathlib import Path
+
+if __name__ == "__main__":
+    os.environ.setdefault("TQDM_DISABLE", "1")  # before torch imports tqdm: no GGUF load bars
 
 import torch
 
@@ -34,6 +52,8 @@ from mini_vllm.forward_context import set_forward_context
 from mini_vllm.kv_cache_interface import cdiv, get_max_concurrency_for_kv_cache_config
 from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 from mini_vllm.sampling_params import SamplingParams
+
+RESULTS = Path(__file__).parent / "results"
 
 PROMPTS = [
     "The capital of France is",
@@ -59,8 +79,10 @@ CONFIGS = [
 ]
 
 
-def text_perplexity(llm: LLM, token_ids: list[int]) -> float:
-    """exp(mean -log p(token | the tokens before it)), one forward over ``token_ids``.
+def text_scores(llm: LLM, token_ids: list[int]) -> tuple[list[float], list[int]]:
+    """For each position of ``token_ids`` but the last, teacher-forced in one
+    forward: log p(next token | the tokens before it), and the most likely
+    next token.
 
     Writes the text's keys and values into blocks 1, 2, ...: call it last, on
     an LLM that runs nothing afterwards."""
@@ -83,7 +105,7 @@ def text_perplexity(llm: LLM, token_ids: list[int]) -> float:
         hidden = engine.model(ids, torch.arange(n, device=engine.device))
         logprobs = engine.model.compute_logits(hidden).float().log_softmax(dim=-1)
     picked = logprobs[:-1].gather(1, ids[1:, None]).squeeze(1)
-    return math.exp(-picked.mean().item())
+    return picked.tolist(), logprobs[:-1].argmax(dim=-1).tolist()
 
 
 def measure(model: str, kwargs: dict, tokens: int, kv_bytes: int, max_model_len: int) -> dict:
@@ -93,9 +115,13 @@ def measure(model: str, kwargs: dict, tokens: int, kv_bytes: int, max_model_len:
     blocks = engine.vllm_config.cache_config.num_gpu_blocks
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     prompts = [{"prompt_token_ids": tok.encode(p)} for p in PROMPTS]
+    warm = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts[:1], warm, use_tqdm=False)  # untimed: one-off costs
+    load_before = os.getloadavg()[0]
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
+    logprobs, argmax = text_scores(llm, tok.encode(TEXT))
     return {
         "weight_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters()),
         "kv_bytes_per_block": core.bytes_per_block,
@@ -104,8 +130,11 @@ def measure(model: str, kwargs: dict, tokens: int, kv_bytes: int, max_model_len:
             blocks, core.kv_cache_spec, core.num_layers, max_model_len
         ),
         "tok_s": len(PROMPTS) * tokens / seconds,
-        "tokens": [o.outputs[0].token_ids for o in outputs],
-        "perplexity": text_perplexity(llm, tok.encode(TEXT)),
+        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+        "perplexity": math.exp(-sum(logprobs) / len(logprobs)),
+        "text_logprobs": logprobs,
+        "text_argmax": argmax,
+        "loadavg_1m": [load_before, os.getloadavg()[0]],
     }
 
 
@@ -119,28 +148,59 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=256 << 20)
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     model = args.model or str(smollm2_gguf_path())
+    result = {
+        "model": Path(model).name,
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+        "prompts": len(PROMPTS),
+        "tokens": args.tokens,
+        "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+        "max_model_len": args.max_model_len,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "configs": {},
+    }
     print(
-        f"model {model}; {len(PROMPTS)} prompts x {args.tokens} greedy tokens; "
-        f"KV budget {args.kv_cache_memory_bytes} bytes; {torch.get_num_threads()} threads"
+        f"model {result['model']}; {len(PROMPTS)} prompts x {args.tokens} greedy tokens; "
+        f"KV budget {args.kv_cache_memory_bytes} bytes; {result['threads']} threads"
     )
     print(
         f"{'config':18} {'weights MB':>10} {'KV B/block':>10} {'blocks':>6} {'conc.':>6} "
-        f"{'tok/s':>6} {'ppl':>7}  same as float32 until token"
+        f"{'tok/s':>6} {'ppl':>7} {'top1':>5} {'max|dlp|':>8} {'load':>9}  "
+        "same as float32 until token"
     )
-    reference = None
+    ref = None
     for name, kwargs in CONFIGS:
         if kwargs.get("quantization") == "gguf" and not model.endswith(".gguf"):
             continue
         r = measure(model, kwargs, args.tokens, args.kv_cache_memory_bytes, args.max_model_len)
-        reference = reference or r["tokens"]
-        same = [first_difference(a, b) for a, b in zip(r["tokens"], reference, strict=True)]
+        ref = ref or r
+        r["same_until"] = [
+            first_difference(a, b) for a, b in zip(r["tokens"], ref["tokens"], strict=True)
+        ]
+        r["top1_agree"] = sum(
+            a == b for a, b in zip(r["text_argmax"], ref["text_argmax"], strict=True)
+        )
+        errors = [abs(a - b) for a, b in zip(r["text_logprobs"], ref["text_logprobs"], strict=True)]
+        r["logprob_err_max"], r["logprob_err_mean"] = max(errors), sum(errors) / len(errors)
+        result["configs"][name] = {"kwargs": kwargs, **r}
+        positions = len(r["text_argmax"])
         print(
             f"{name:18} {r['weight_bytes'] / 1e6:10.1f} {r['kv_bytes_per_block']:10d} "
             f"{r['blocks']:6d} {r['concurrency']:6.2f} {r['tok_s']:6.1f} "
-            f"{r['perplexity']:7.3f}  {same} of {args.tokens}"
+            f"{r['perplexity']:7.3f} {r['top1_agree']:2d}/{positions:<2d} "
+            f"{r['logprob_err_max']:8.4f} {r['loadavg_1m'][0]:4.1f}-{r['loadavg_1m'][1]:<4.1f}  "
+            f"{r['same_until']} of {args.tokens}"
         )
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / "quantization_cpu.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
