@@ -13,7 +13,8 @@ the same model (SmolLM2 by default) and prints:
 - KV bytes per block (all layers), the blocks the KV budget holds, and
   upstream's "maximum concurrency" for ``max_model_len`` requests;
 - tokens per second of a greedy run (``len(PROMPTS)`` prompts, ``--tokens``
-  each, ``ignore_eos``) and, for each prompt, how many tokens it produced
+  each, ``ignore_eos``), the process's CPU time a token (less sensitive to
+  other jobs on the machine than the wall clock) and, for each prompt, how many tokens it produced
   before its first difference from float32 (the run is free: after a
   difference the contexts differ);
 - perplexity of a fixed text (``TEXT``), teacher-forced in one forward, and
@@ -118,9 +119,9 @@ def measure(model: str, kwargs: dict, tokens: int, kv_bytes: int, max_model_len:
     warm = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:1], warm, use_tqdm=False)  # untimed: one-off costs
     load_before = os.getloadavg()[0]
-    start = time.perf_counter()
+    cpu_start, start = time.process_time(), time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     logprobs, argmax = text_scores(llm, tok.encode(TEXT))
     return {
         "weight_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters()),
@@ -130,6 +131,9 @@ def measure(model: str, kwargs: dict, tokens: int, kv_bytes: int, max_model_len:
             blocks, core.kv_cache_spec, core.num_layers, max_model_len
         ),
         "tok_s": len(PROMPTS) * tokens / seconds,
+        # CPU time of this process (all its threads) a token: less sensitive to
+        # other jobs than tokens per second, which counts the waits too
+        "cpu_ms_per_token": 1000 * cpu_seconds / (len(PROMPTS) * tokens),
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "perplexity": math.exp(-sum(logprobs) / len(logprobs)),
         "text_logprobs": logprobs,
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"{'config':18} {'weights MB':>10} {'KV B/block':>10} {'blocks':>6} {'conc.':>6} "
-        f"{'tok/s':>6} {'ppl':>7} {'top1':>5} {'max|dlp|':>8} {'load':>9}  "
+        f"{'tok/s':>6} {'cpu ms/tok':>10} {'ppl':>7} {'top1':>5} {'max|dlp|':>8} {'load':>9}  "
         "same as float32 until token"
     )
     ref = None
@@ -193,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{name:18} {r['weight_bytes'] / 1e6:10.1f} {r['kv_bytes_per_block']:10d} "
             f"{r['blocks']:6d} {r['concurrency']:6.2f} {r['tok_s']:6.1f} "
+            f"{r['cpu_ms_per_token']:10.1f} "
             f"{r['perplexity']:7.3f} {r['top1_agree']:2d}/{positions:<2d} "
             f"{r['logprob_err_max']:8.4f} {r['loadavg_1m'][0]:4.1f}-{r['loadavg_1m'][1]:<4.1f}  "
             f"{r['same_until']} of {args.tokens}"
