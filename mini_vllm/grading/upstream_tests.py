@@ -2,8 +2,9 @@
 
 Where a phase's labs hollow out modules that upstream's unit tests reach
 (Phase 02: the KV-cache pieces; 03: the scheduler; 05: the input batch; 06:
-the sampler; 08: the n-gram proposer and drafts in the scheduler; 12: the
-grammar wait; 14: the async scheduler: ``runner.LAB_FILES``), the grader also
+the sampler; 07: KV-cache groups and sliding windows; 08: the n-gram proposer
+and drafts in the scheduler; 12: the grammar wait; 14: the async scheduler:
+``runner.LAB_FILES``), the grader also
 runs upstream's own in-scope unit tests for those modules on the student's code
 (``mini_vllm.oracle.upstream_suite``) and reports the count beside the score.
 The line is information, not points: the score alone decides the exit code.

@@ -83,6 +83,12 @@ gets the reference module, whose module state (``NONE_HASH``) tests read and
 reload. A starter holds a copy of ``NONE_HASH``, so its ``init_none_hash``
 also re-seeds that copy; a reference function an adapter calls through a
 starter runs with the starter's globals, so it reaches the student's code.
+Phase 07's starters (the managers, the coordinator, the prefix cache's keys)
+are wired in as its graders wire them (mini_vllm/grading/hybrid_checks.py):
+a ``KVCacheManager`` with KV-cache groups gets the student's coordinator and
+managers, the manager classes a test imports carry the methods the starter
+re-opens on their base, and the reference ``BlockPool`` keys its prefix
+cache with the student's ``make_block_hash_with_group_id``.
 """
 
 from __future__ import annotations
@@ -217,6 +223,10 @@ class Missing:
 
 # upstream module -> the student's module, with --upstream-labs PHASE.
 LAB_MODULES: dict[str, object] = {}
+# The student's modules when they hold KV-cache groups' labs (Phase 07): the
+# managers, the coordinator and the prefix cache's keys are wired in as
+# Phase 07's graders wire them (mini_vllm/grading/hybrid_checks.py).
+HYBRID_LABS = None
 
 
 def module_for(upstream_name: str):
@@ -246,6 +256,15 @@ def _load_labs(phase: str) -> None:
             starter.NONE_HASH = reference.NONE_HASH
 
         starter.init_none_hash = init_none_hash
+    if hasattr(student, "single_type_kv_cache_manager"):
+        from mini_vllm.core import block_pool
+
+        global HYBRID_LABS
+        HYBRID_LABS = student
+        # The reference BlockPool keys its prefix cache with the student's keys.
+        block_pool.make_block_hash_with_group_id = (
+            student.kv_cache_utils.make_block_hash_with_group_id
+        )
 
 
 class _FromImport:
@@ -494,6 +513,17 @@ def _kv_cache_manager():
                 kv_cache_config=kv_cache_config,
                 max_num_batched_tokens=max_num_batched_tokens,
             )
+            if HYBRID_LABS is not None and self.coordinator is not None:
+                from mini_vllm.grading.hybrid_checks import your_coordinator
+
+                self.coordinator = your_coordinator(
+                    HYBRID_LABS,
+                    kv_cache_config,
+                    max_model_len,
+                    max_num_batched_tokens or max_model_len,
+                    enable_caching,
+                )
+                self.block_pool = self.coordinator.block_pool
             lookup = self.block_pool.cached_block_hash_to_block
             self.block_pool.cached_block_hash_to_block = _BlockLookupView(lookup)
 
@@ -571,6 +601,11 @@ def _absent(name: str, value, absent_value) -> None:
 
 def _single_type_manager(name: str):
     manager_cls = getattr(module_for("vllm.v1.core.single_type_kv_cache_manager"), name)
+    if HYBRID_LABS is not None:
+        # The student's class with the methods the starter re-opens on the base.
+        from mini_vllm.grading.hybrid_checks import manager_classes
+
+        (manager_cls,) = [c for c in manager_classes(HYBRID_LABS).values() if c.__name__ == name]
 
     class UpstreamSignatureManager(manager_cls, metaclass=_AdapterMeta):
         """mini_vllm's per-group manager called with upstream's extra arguments,

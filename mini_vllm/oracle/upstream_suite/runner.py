@@ -126,6 +126,12 @@ LAB_FILES = {
     "03": ["tests/v1/core/test_scheduler.py", "tests/v1/core/test_priority_scheduler_random.py"],
     "05": ["tests/v1/worker/test_gpu_input_batch.py"],
     "06": ["tests/v1/sample/test_sampler.py", "tests/v1/sample/test_topk_topp_sampler.py"],
+    "07": [
+        "tests/v1/core/test_single_type_kv_cache_manager.py",
+        "tests/v1/core/test_prefix_caching.py::test_prefill_hybrid_model",
+        "tests/v1/core/test_prefix_caching.py::test_cache_blocks",
+        "tests/v1/core/test_prefix_caching.py::test_can_fit_full_sequence",
+    ],
     "08": [
         "tests/v1/spec_decode/test_ngram.py",
         "tests/v1/core/test_scheduler.py::test_stop_via_update_from_output",
