@@ -5,13 +5,14 @@ Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 ``CacheConfig`` (config/cache.py), ``ModelConfig`` (config/model.py),
 ``DeviceConfig`` (config/device.py), ``AttentionConfig``
 (config/attention.py), ``SpeculativeConfig`` (config/speculative.py:74, the
-n-gram method only) and ``VllmConfig`` (config/vllm.py).
+n-gram method only), ``LoRAConfig`` (config/lora.py:31) and ``VllmConfig``
+(config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
 path, dtype, ``quantization``, seed, ``max_logprobs``, ``logits_processors`` and ``logprobs_mode``
 (upstream checks its four values with pydantic; mini with
 ``verify_logprobs_mode``); its ``verify_max_model_len`` is the check at
 the end of upstream's ``_get_and_verify_max_len`` (config/model.py:2119).
-Left out: parallelism, LoRA, draft-model and EAGLE speculation,
+Left out: parallelism, LoRA's dtype and module filters, draft-model and EAGLE speculation,
 KV transfer, compilation, observability, partial-prefill limits.
 """
 
@@ -260,6 +261,42 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative_config.{name} must be at least 1, got {value}.")
 
 
+# Upstream's MaxLoRARanks (vllm/config/lora.py:26): the ranks a server may be sized for.
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass
+class LoRAConfig:
+    """How many adapters, and how large, the engine serves (``enable_lora``).
+
+    ``max_loras``: distinct adapters in one step (the GPU slots);
+    ``max_cpu_loras``: adapters kept loaded in host memory (None: max_loras,
+    as upstream's ``_validate_lora_config``, vllm/config/lora.py:109);
+    ``max_lora_rank``: the largest rank an adapter may have."""
+
+    max_lora_rank: int = 16
+    max_loras: int = 1
+    max_cpu_loras: int | None = None
+
+    def verify(self) -> None:
+        if self.max_lora_rank not in MAX_LORA_RANKS:
+            raise ValueError(
+                f"max_lora_rank must be one of {MAX_LORA_RANKS}, got {self.max_lora_rank!r}."
+            )
+        for name in ("max_loras", "max_cpu_loras"):
+            value = getattr(self, name)
+            if name == "max_cpu_loras" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        elif self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})."
+            )
+
+
 @dataclass
 class VllmConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
@@ -268,9 +305,13 @@ class VllmConfig:
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     attention_config: AttentionConfig = field(default_factory=AttentionConfig)
     speculative_config: SpeculativeConfig | None = None
+    # None: LoRA is off (upstream's lora_config is None unless enable_lora).
+    lora_config: LoRAConfig | None = None
 
     def __post_init__(self) -> None:
         self.model_config.verify()
+        if self.lora_config is not None:
+            self.lora_config.verify()
         self.cache_config.verify()
         self.scheduler_config.verify(self.model_config.max_model_len)
         self.device_config.verify()

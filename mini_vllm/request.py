@@ -26,6 +26,7 @@ from mini_vllm.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
     from mini_vllm.core.kv_cache_utils import BlockHash
+    from mini_vllm.lora.request import LoRARequest
 
 
 class Request:
@@ -37,11 +38,15 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         if sampling_params is None:
             raise ValueError("sampling_params must be set")
         self.request_id = request_id
         self.priority = priority
+        # The adapter this request runs with (None: the base model); its name
+        # enters every block hash, so adapters never share cached KV.
+        self.lora_request = lora_request
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
         self.status = RequestStatus.WAITING

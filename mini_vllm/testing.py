@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from mini_vllm.config import (
     CacheConfig,
+    LoRAConfig,
     ModelConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -32,6 +33,7 @@ from mini_vllm.kv_cache_interface import (
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
+from mini_vllm.lora.request import LoRARequest
 from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -69,6 +71,7 @@ def create_scheduler(
     async_scheduling: bool = False,
     num_speculative_tokens: int | None = None,
     kv_groups: list | None = None,
+    max_loras: int | None = None,
 ) -> Scheduler:
     """A scheduler over ``num_blocks`` KV blocks (block 0 is the null block);
     an ``AsyncScheduler`` with ``async_scheduling``, as upstream's engine picks;
@@ -79,7 +82,7 @@ def create_scheduler(
     with the n-gram one, as upstream's does, so the switch is set after the
     config is checked. ``kv_groups``: one KV-cache group per entry (``None``
     full attention, an int a sliding window; ``kv_cache_config_of``); default
-    one full-attention group."""
+    one full-attention group. ``max_loras``: LoRA on, with that many adapters a step."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     vllm_config = VllmConfig(
@@ -101,6 +104,7 @@ def create_scheduler(
         speculative_config=None
         if num_speculative_tokens is None
         else SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
+        lora_config=None if max_loras is None else LoRAConfig(max_loras=max_loras),
     )
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     if scheduler_cls is None:
@@ -137,6 +141,7 @@ def create_requests(
     min_tokens: int = 0,
     ignore_eos: bool = False,
     structured_outputs: dict | None = None,
+    lora_ids: Sequence[int | None] | None = None,
 ) -> list[Request]:
     """Requests whose prompts are ``[i] * num_tokens`` (or ``[0] * ...`` with
     ``same_prompt``) unless ``prompt_token_ids`` gives them; EOS is
@@ -144,7 +149,8 @@ def create_requests(
     scheduler's: it sets how the requests hash their blocks.
     ``structured_outputs``: keyword arguments of a StructuredOutputsParams
     every request gets, validated as the input processor does (the requests
-    then wait for their grammar)."""
+    then wait for their grammar). ``lora_ids``: per request, None or the id
+    of a LoRA adapter (``lora_request_for``)."""
     block_hasher = get_request_block_hasher(block_size, sha256)
     requests = []
     for i in range(num_requests):
@@ -171,9 +177,17 @@ def create_requests(
                 arrival_time=arrival_times[i] if arrival_times is not None else float(i),
                 priority=priorities[i] if priorities is not None else 0,
                 block_hasher=block_hasher,
+                lora_request=lora_request_for(lora_ids[i] if lora_ids is not None else None),
             )
         )
     return requests
+
+
+def lora_request_for(lora_id: int | None) -> LoRARequest | None:
+    """The stand-in adapter ``lora-<id>`` (its path is never read), or None."""
+    if lora_id is None:
+        return None
+    return LoRARequest(f"lora-{lora_id}", lora_id, f"/nonexistent/lora-{lora_id}")
 
 
 def make_model_runner_output(

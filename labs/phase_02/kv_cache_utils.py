@@ -35,6 +35,7 @@ from mini_vllm.core.kv_cache_utils import (  # noqa: F401
     KVCacheBlock,
     _get_kv_cache_groups_uniform_page_size,
     create_kv_cache_group_specs,
+    generate_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
     get_kv_cache_config_from_groups,
@@ -164,6 +165,8 @@ def get_request_block_hasher(
         # HINT: request.block_hashes already holds one hash per block hashed before;
         # HINT: hash only whole blocks of request.all_token_ids after those, each
         # HINT: chained on the previous one (the last known hash, or None at the start).
+        # HINT: pass generate_block_hash_extra_keys(request) as extra_keys (a LoRA
+        # HINT: request's blocks carry its adapter's name; Phase 11).
         raise NotImplementedError(
             "Lab 02.3: hash the blocks that became full since the last call "
             "(labs/phase_02/kv_cache_utils.py)"

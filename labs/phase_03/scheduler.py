@@ -162,6 +162,16 @@ class Scheduler(_reference.Scheduler):
         # stay open. (Upstream checks the same three, in two `if`s and a
         # `while` condition around this loop: scheduler.py:545-549.)
         # (the loop mirrors vllm/v1/core/sched/scheduler.py:548-806)
+        # The adapters the running requests scheduled this step already use
+        # (vllm/v1/core/sched/scheduler.py:534-542).
+        scheduled_loras: set[int] = set()
+        if self.lora_config is not None:
+            scheduled_loras = {
+                req.lora_request.lora_int_id
+                for req in scheduled_running_reqs
+                if req.lora_request is not None
+            }
+            assert len(scheduled_loras) <= self.lora_config.max_loras
         step_skipped_waiting = create_request_queue(self.policy)
         while self.waiting or self.skipped_waiting:
             # BEGIN LAB 03.1: the three admission gates
@@ -181,6 +191,17 @@ class Scheduler(_reference.Scheduler):
                 request_queue.pop_request()
                 if not request.is_finished():
                     step_skipped_waiting.prepend_request(request)
+                continue
+            # A new adapter when max_loras are already in this step: pass over
+            # the request, as over a compiling grammar (scheduler.py:571-581).
+            if (
+                self.lora_config is not None
+                and request.lora_request is not None
+                and len(scheduled_loras) == self.lora_config.max_loras
+                and request.lora_request.lora_int_id not in scheduled_loras
+            ):
+                request_queue.pop_request()
+                step_skipped_waiting.prepend_request(request)
                 continue
 
             # BEGIN LAB 03.6: prefix caching: start from the longest cached prefix
@@ -226,6 +247,8 @@ class Scheduler(_reference.Scheduler):
                 "Lab 03.4: a first-time request or a resumed one? (labs/phase_03/scheduler.py)"
             )
             # END LAB 03.4
+            if self.lora_config is not None and request.lora_request is not None:
+                scheduled_loras.add(request.lora_request.lora_int_id)
             # BEGIN LAB 03.1: admit the request and charge the budget
             # HINT: receives request, num_new_tokens, num_computed_tokens; leaves token_budget.
             # HINT: record its blocks (all of them: get_blocks) and its tokens, charge

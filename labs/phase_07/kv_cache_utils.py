@@ -28,6 +28,7 @@ from mini_vllm.core.kv_cache_utils import (  # noqa: F401
     FreeKVCacheBlockQueue,
     KVCacheBlock,
     create_kv_cache_group_specs,
+    generate_block_hash_extra_keys,
     get_kv_cache_config_from_groups,
     get_kv_cache_groups,
     get_request_block_hasher,

@@ -4,7 +4,8 @@ the grouping of layers into KV-cache groups.
 Mirrors upstream ``vllm/v1/core/kv_cache_utils.py`` at v0.22.1:
 ``make_block_hash_with_group_id`` (:55), ``KVCacheBlock`` (:116),
 ``FreeKVCacheBlockQueue`` (:164), ``hash_block_tokens`` (:541),
-``get_request_block_hasher`` (:637), ``init_none_hash`` (:97); the grouping:
+``get_request_block_hasher`` (:637), ``generate_block_hash_extra_keys``
+(:503, the LoRA key only), ``init_none_hash`` (:97); the grouping:
 ``create_kv_cache_group_specs`` (:822), ``is_kv_cache_spec_uniform`` (:852),
 ``_get_kv_cache_groups_uniform_page_size`` (:1057),
 ``get_kv_cache_config_from_groups`` (:1236), ``unify_hybrid_kv_cache_specs``
@@ -289,6 +290,19 @@ def hash_block_tokens(
 # END LAB 02.3
 
 
+# mirrors vllm/v1/core/kv_cache_utils.py:503-538 (and _gen_lora_extra_hash_keys, :462)
+def generate_block_hash_extra_keys(request: Request) -> tuple[Any, ...] | None:
+    """What a block's hash carries besides its tokens: the adapter's name for
+    a LoRA request (so two adapters never share cached KV), else None.
+    Upstream also adds multimodal hashes, a cache salt and prompt-embedding
+    hashes, which mini_vllm does not have; so the key is the same for every
+    block of a request, and this takes no block range."""
+    lora_request = getattr(request, "lora_request", None)
+    if lora_request is None:
+        return None
+    return (lora_request.lora_name,)
+
+
 # mirrors vllm/v1/core/kv_cache_utils.py:637-688
 def get_request_block_hasher(
     block_size: int, caching_hash_fn: Callable[[Any], bytes] = sha256
@@ -301,12 +315,16 @@ def get_request_block_hasher(
         # HINT: request.block_hashes already holds one hash per block hashed before;
         # HINT: hash only whole blocks of request.all_token_ids after those, each
         # HINT: chained on the previous one (the last known hash, or None at the start).
+        # HINT: pass generate_block_hash_extra_keys(request) as extra_keys (a LoRA
+        # HINT: request's blocks carry its adapter's name; Phase 11).
+        extra_keys = generate_block_hash_extra_keys(request)
         start = len(request.block_hashes) * block_size
         tokens = request.all_token_ids
         parent = request.block_hashes[-1] if request.block_hashes else None
         new_hashes: list[BlockHash] = []
         while start + block_size <= len(tokens):
-            parent = hash_block_tokens(caching_hash_fn, parent, tokens[start : start + block_size])
+            block = tokens[start : start + block_size]
+            parent = hash_block_tokens(caching_hash_fn, parent, block, extra_keys)
             new_hashes.append(parent)
             start += block_size
         return new_hashes

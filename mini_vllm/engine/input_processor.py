@@ -3,8 +3,8 @@
 Mirrors upstream ``vllm/v1/engine/input_processor.py`` (``InputProcessor``
 :36, ``process_inputs`` :234; parameter checks in ``_validate_params`` :81,
 prompt checks in ``_validate_prompt_len`` :379 and ``_validate_model_input``
-:426) at v0.22.1. Left out: multimodal inputs, LoRA, pooling, prompt
-embeddings.
+:426, ``_validate_lora`` :138) at v0.22.1. Left out: multimodal inputs,
+pooling, prompt embeddings, a LoRA adapter's own tokenizer.
 
 What it does for each request: check that ``priority`` is an int and
 ``arrival_time`` a finite number or None (upstream only annotates these
@@ -44,6 +44,7 @@ import time
 from numbers import Integral, Real
 
 from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
+from mini_vllm.lora.request import LoRARequest
 from mini_vllm.request import Request
 from mini_vllm.sampling_params import SamplingParams
 
@@ -60,8 +61,10 @@ class InputProcessor:
         vocab_size: int,
         max_logprobs: int = 20,
         logits_processors: list[type] | None = None,
+        lora_config=None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.lora_config = lora_config
         self.logits_processors = list(logits_processors or ())
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -140,6 +143,7 @@ class InputProcessor:
         params: SamplingParams | None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> tuple[str | None, Request]:
         if isinstance(priority, bool) or not isinstance(priority, Integral):
             # upstream's type: ``priority: int`` (vllm/v1/engine/input_processor.py:244)
@@ -156,6 +160,7 @@ class InputProcessor:
                 f"Request {request_id!r}: arrival_time must be a finite number or None, got "
                 f"{type(arrival_time).__name__} {arrival_time!r}."
             )
+        self._validate_lora(request_id, lora_request)
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -198,5 +203,21 @@ class InputProcessor:
             arrival_time=float(arrival_time) if arrival_time is not None else time.time(),
             priority=int(priority),
             block_hasher=self.block_hasher,
+            lora_request=lora_request,
         )
         return prompt_text, request
+
+    def _validate_lora(self, request_id: str, lora_request: LoRARequest | None) -> None:
+        """A LoRARequest needs an engine started with enable_lora (upstream's check)."""
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise TypeError(
+                f"Request {request_id!r}: lora_request must be a LoRARequest, got "
+                f"{type(lora_request).__name__}."
+            )
+        if self.lora_config is None:
+            raise ValueError(
+                f"Request {request_id!r}: got lora_request {lora_request} but LoRA is not "
+                "enabled (start the engine with enable_lora=True)."
+            )

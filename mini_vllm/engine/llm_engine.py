@@ -111,6 +111,12 @@ class LLMEngine:
                 quantization=model_config.quantization,
             )
         self.model, self.hf_config, self.tokenizer = loaded
+        if vllm_config.lora_config is not None:
+            # Phase 11 grows the model side next; until then refuse, rather
+            # than run LoRA requests on the base weights.
+            raise NotImplementedError(
+                "lora_config: mini_vllm's model runner cannot apply LoRA adapters yet."
+            )
         model_config.verify_max_model_len(self.hf_config)
         self.engine_core = EngineCore(
             vllm_config, self.model, self.device, self.dtype, backend, tokenizer=self.tokenizer
@@ -129,6 +135,7 @@ class LLMEngine:
             vocab_size=self.hf_config.vocab_size,
             max_logprobs=model_config.max_logprobs,
             logits_processors=model_config.logits_processors,
+            lora_config=vllm_config.lora_config,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.prefix_cache_stats = PrefixCacheStats()
@@ -145,8 +152,10 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request=None,
     ) -> None:
-        """Queue a request: all of its state or none.
+        """Queue a request: all of its state or none. ``lora_request``: the
+        adapter it runs with (a LoRARequest; needs ``enable_lora``).
 
         Bad input raises (ValueError; TypeError for a request id that is not a
         string, as upstream) before anything is added. The request then goes
@@ -159,7 +168,7 @@ class LLMEngine:
         if request_id in self.output_processor.request_states:
             raise ValueError(f"Duplicate request id {request_id!r}.")
         prompt_text, request = self.input_processor.process_inputs(
-            request_id, prompt, params, arrival_time, priority
+            request_id, prompt, params, arrival_time, priority, lora_request
         )
         try:
             self.output_processor.add_request(

@@ -148,3 +148,20 @@ def hybrid_workloads(draw) -> Workload:
     )
     workload.name = "generated-hybrid"
     return workload
+
+
+@st.composite
+def lora_workloads(draw) -> Workload:
+    """A workload from ``workloads()`` served with LoRA: ``max_loras`` 1-3
+    adapters a step, and each request on the base model or on one of up to
+    four adapters (more adapters than slots, so the limit holds requests
+    back). Prefix caching and chunked prefill vary as ``workloads()`` draws
+    them; shared prefixes across adapters must not hit each other's blocks."""
+    workload = draw(workloads())
+    max_loras = draw(st.sampled_from([1, 1, 2, 2, 3]), label="max_loras")
+    num_adapters = draw(st.integers(1, max_loras + 2), label="adapters")
+    workload.config["max_loras"] = max_loras
+    for spec in workload.requests:
+        spec.lora_id = draw(st.none() | st.integers(1, num_adapters), label="lora id")
+    workload.name = "generated-lora"
+    return workload

@@ -32,11 +32,13 @@ from vllm import ModelRegistry  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
+    LoRAConfig,
     ModelConfig,
     SchedulerConfig,
     SpeculativeConfig,
     VllmConfig,
 )
+from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core import kv_cache_utils  # noqa: E402
@@ -133,12 +135,13 @@ def create_scheduler(
     async_scheduling: bool = False,
     num_speculative_tokens: int | None = None,
     kv_groups: list | None = None,
+    max_loras: int | None = None,
 ) -> Scheduler:
     """Upstream's Scheduler, or its AsyncScheduler with ``async_scheduling``
     (the class upstream's engine picks for that setting). ``kv_groups``: one
     KV-cache group per entry (``None`` full attention, an int a sliding
     window), driven by upstream's hybrid coordinator as on a GPU; default one
-    full-attention group."""
+    full-attention group. ``max_loras``: LoRA on, with that many adapters a step."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     scheduler_config = SchedulerConfig(
@@ -177,6 +180,7 @@ def create_scheduler(
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
         speculative_config=speculative_config,
+        lora_config=None if max_loras is None else LoRAConfig(max_loras=max_loras),
     )
     asked = {
         "max_num_seqs": max_num_seqs,
@@ -294,8 +298,10 @@ def create_requests(
     min_tokens: int = 0,
     ignore_eos: bool = False,
     structured_outputs: dict | None = None,
+    lora_ids: Sequence[int | None] | None = None,
 ) -> list[Request]:
-    """``structured_outputs``: keyword arguments of a StructuredOutputsParams
+    """``lora_ids``: per request, None or an adapter id (``lora_request_for``).
+    ``structured_outputs``: keyword arguments of a StructuredOutputsParams
     every request gets, validated as upstream's input processor does with the
     xgrammar backend (the request then waits for its grammar)."""
     block_hasher = kv_cache_utils.get_request_block_hasher(block_size, sha256)
@@ -327,9 +333,17 @@ def create_requests(
                 arrival_time=arrival_times[i] if arrival_times is not None else float(i),
                 priority=priorities[i] if priorities is not None else 0,
                 block_hasher=block_hasher,
+                lora_request=lora_request_for(lora_ids[i] if lora_ids is not None else None),
             )
         )
     return requests
+
+
+def lora_request_for(lora_id: int | None) -> LoRARequest | None:
+    """Upstream's LoRARequest for the stand-in adapter ``lora-<id>``, or None."""
+    if lora_id is None:
+        return None
+    return LoRARequest(f"lora-{lora_id}", lora_id, f"/nonexistent/lora-{lora_id}")
 
 
 def create_structured_output_manager(

@@ -60,11 +60,14 @@ class RequestSpec:
     # grammar "finishes compiling" at this step (before schedule()); it waits
     # in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR until then.
     grammar_ready_step: int | None = None
+    # LoRA only (the config's max_loras): the id of the adapter the request
+    # runs with (None: the base model).
+    lora_id: int | None = None
 
 
 # Left out of a saved workload when empty, so earlier snapshots keep their bytes.
 _SPEC_FIELDS = ("draft_lens", "accepted")
-_OPTIONAL_FIELDS = ("grammar_ready_step",)
+_OPTIONAL_FIELDS = ("grammar_ready_step", "lora_id")
 
 # The constraint a structured request of a workload carries (the driver
 # stands in for its compiled grammar: AcceptingGrammar).
@@ -228,6 +231,7 @@ def make_request(backend, spec: RequestSpec, arrival_time: float, block_size: in
         min_tokens=spec.min_tokens,
         ignore_eos=spec.ignore_eos,
         structured_outputs=None if spec.grammar_ready_step is None else WORKLOAD_CONSTRAINT,
+        **({} if spec.lora_id is None else {"lora_ids": [spec.lora_id]}),
     )
     return request
 
@@ -427,6 +431,13 @@ def describe_scheduler_output(out) -> dict:
         "finished": sorted(out.finished_req_ids),
         "common_prefix_blocks": list(out.num_common_prefix_blocks),
     }
+    loras = [
+        [d.req_id, d.lora_request.lora_name]
+        for d in out.scheduled_new_reqs
+        if getattr(d, "lora_request", None) is not None
+    ]
+    if loras:
+        record["new_loras"] = loras
     spec_tokens = getattr(out, "scheduled_spec_decode_tokens", None)
     if spec_tokens:
         record["spec_tokens"] = [[r, list(t)] for r, t in spec_tokens.items()]
@@ -443,6 +454,7 @@ FIELD_WORDS = {
     "preempted": "preempted request ids",
     "finished": "finished request ids reported to the workers",
     "common_prefix_blocks": "number of common prefix blocks",
+    "new_loras": "the adapters new requests carry to the runner (id, LoRA name)",
     "spec_tokens": "drafts scheduled for verification (id, draft tokens)",
     "outputs": "update_from_output results (id, new tokens, finish reason, stop reason)",
     "free_blocks": "free KV blocks after the step",

@@ -2,7 +2,7 @@
 
 Mirrors upstream ``vllm/v1/core/sched/output.py`` at v0.22.1
 (``NewRequestData`` :31, ``CachedRequestData`` :112, ``SchedulerOutput``
-:181, ``GrammarOutput`` :259). Left out: multimodal, LoRA, pooling and
+:181, ``GrammarOutput`` :259). Left out: multimodal, pooling and
 connector fields, and the grammar fields of async scheduling
 (``pending_structured_output_tokens``, ``num_invalid_spec_tokens``).
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mini_vllm.lora.request import LoRARequest
 from mini_vllm.request import Request
 from mini_vllm.sampling_params import SamplingParams
 
@@ -31,6 +32,8 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
+    # The adapter the runner applies to this request's rows (None: base model).
+    lora_request: LoRARequest | None = None
 
     @classmethod
     def from_request(cls, request: Request, block_ids: tuple[list[int], ...]) -> NewRequestData:
@@ -40,6 +43,7 @@ class NewRequestData:
             sampling_params=request.sampling_params,
             block_ids=block_ids,
             num_computed_tokens=request.num_computed_tokens,
+            lora_request=request.lora_request,
         )
 
 

@@ -8,7 +8,8 @@ Mirrors upstream ``vllm/v1/core/sched/scheduler.py`` at v0.22.1:
 structured outputs, ``get_grammar_bitmask`` (:1259), the blocked waiting
 queue (``skipped_waiting``, built at scheduler.py:166-167;
 ``_select_waiting_queue_for_scheduling`` :1619) and
-``_try_promote_blocked_waiting_request`` (:2103).
+``_try_promote_blocked_waiting_request`` (:2103); with LoRA, the limit of
+``max_loras`` distinct adapters a step (:534-542, :571-581, :796-797).
 What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
@@ -82,6 +83,7 @@ class Scheduler(SchedulerInterface):
         self.max_num_running_reqs = self.scheduler_config.max_num_seqs
         self.max_num_scheduled_tokens = self.scheduler_config.max_num_batched_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
+        self.lora_config = vllm_config.lora_config
         self.block_size = self.cache_config.block_size
 
         # Speculation (vllm/v1/core/sched/scheduler.py:211-220). Upstream also
@@ -277,6 +279,16 @@ class Scheduler(SchedulerInterface):
         # stay open. (Upstream checks the same three, in two `if`s and a
         # `while` condition around this loop: scheduler.py:545-549.)
         # (the loop mirrors vllm/v1/core/sched/scheduler.py:548-806)
+        # The adapters the running requests scheduled this step already use
+        # (vllm/v1/core/sched/scheduler.py:534-542).
+        scheduled_loras: set[int] = set()
+        if self.lora_config is not None:
+            scheduled_loras = {
+                req.lora_request.lora_int_id
+                for req in scheduled_running_reqs
+                if req.lora_request is not None
+            }
+            assert len(scheduled_loras) <= self.lora_config.max_loras
         step_skipped_waiting = create_request_queue(self.policy)
         while self.waiting or self.skipped_waiting:
             # BEGIN LAB 03.1: the three admission gates
@@ -308,6 +320,17 @@ class Scheduler(SchedulerInterface):
                     step_skipped_waiting.prepend_request(request)
                 continue
             # END LAB 12.1
+            # A new adapter when max_loras are already in this step: pass over
+            # the request, as over a compiling grammar (scheduler.py:571-581).
+            if (
+                self.lora_config is not None
+                and request.lora_request is not None
+                and len(scheduled_loras) == self.lora_config.max_loras
+                and request.lora_request.lora_int_id not in scheduled_loras
+            ):
+                request_queue.pop_request()
+                step_skipped_waiting.prepend_request(request)
+                continue
 
             # BEGIN LAB 03.6: prefix caching: start from the longest cached prefix
             # HINT: receives request; leaves new_computed_blocks, num_new_local_computed_tokens
@@ -359,6 +382,8 @@ class Scheduler(SchedulerInterface):
             else:
                 raise RuntimeError(f"Invalid request status: {request.status}")
             # END LAB 03.4
+            if self.lora_config is not None and request.lora_request is not None:
+                scheduled_loras.add(request.lora_request.lora_int_id)
             # BEGIN LAB 03.1: admit the request and charge the budget
             # HINT: receives request, num_new_tokens, num_computed_tokens; leaves token_budget.
             # HINT: record its blocks (all of them: get_blocks) and its tokens, charge
