@@ -5,7 +5,8 @@ Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 ``CacheConfig`` (config/cache.py), ``ModelConfig`` (config/model.py),
 ``DeviceConfig`` (config/device.py), ``AttentionConfig``
 (config/attention.py), ``SpeculativeConfig`` (config/speculative.py:74, the
-n-gram method only), ``LoRAConfig`` (config/lora.py:31) and ``VllmConfig``
+n-gram method only), ``LoRAConfig`` (config/lora.py:31), ``KVTransferConfig``
+(config/kv_transfer.py:23, the fields a connector reads) and ``VllmConfig``
 (config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
 path, dtype, ``quantization``, seed, ``max_logprobs``, ``logits_processors`` and ``logprobs_mode``
@@ -13,7 +14,8 @@ path, dtype, ``quantization``, seed, ``max_logprobs``, ``logits_processors`` and
 ``verify_logprobs_mode``); its ``verify_max_model_len`` is the check at
 the end of upstream's ``_get_and_verify_max_len`` (config/model.py:2119).
 Left out: parallelism, LoRA's dtype and module filters, draft-model and EAGLE speculation,
-KV transfer, compilation, observability, partial-prefill limits.
+KV-transfer networking fields (engine id, ports, buffers), compilation,
+observability, partial-prefill limits.
 """
 
 from __future__ import annotations
@@ -297,6 +299,68 @@ class LoRAConfig:
             )
 
 
+# Upstream's KVRole (vllm/config/kv_transfer.py:11-13).
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
+
+
+@dataclass
+class KVTransferConfig:
+    """Which KV connector to run and in which role (upstream's
+    vllm/config/kv_transfer.py:23). ``kv_connector`` is a registered name
+    (mini_vllm/distributed/kv_transfer/kv_connector/factory.py) or, with
+    ``kv_connector_module_path``, a class name in that module.
+    ``kv_load_failure_policy``: what a block that failed to load does to its
+    request: "fail" it (upstream's default) or "recompute" the lost tokens."""
+
+    kv_connector: str | None = None
+    kv_role: str | None = None
+    kv_connector_extra_config: dict = field(default_factory=dict)
+    kv_connector_module_path: str | None = None
+    kv_load_failure_policy: str = "fail"
+
+    def __post_init__(self) -> None:
+        # Upstream's checks (kv_transfer.py:93-108), one line naming the field.
+        if self.kv_role is not None and self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {', '.join(KV_ROLES)}, got {self.kv_role!r}.")
+        if self.kv_connector is not None and self.kv_role is None:
+            raise ValueError(f"kv_role must be set when kv_connector is ({', '.join(KV_ROLES)}).")
+        if self.kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
+            raise ValueError(
+                "kv_load_failure_policy must be 'recompute' or 'fail', got "
+                f"{self.kv_load_failure_policy!r}."
+            )
+
+    @classmethod
+    def from_dict(cls, config: object) -> KVTransferConfig:
+        """``LLM(kv_transfer_config={...})``: a dict of these fields only."""
+        names = [f.name for f in fields(cls)]
+        if isinstance(config, cls):
+            return config
+        if not isinstance(config, dict):
+            raise ValueError(
+                f"kv_transfer_config must be a dict with keys from {names}, "
+                f"got {type(config).__name__}."
+            )
+        unknown = sorted(set(config) - set(names))
+        if unknown:
+            raise ValueError(
+                f"kv_transfer_config has unsupported keys {unknown}; mini_vllm knows {names}."
+            )
+        return cls(**config)
+
+    @property
+    def is_kv_producer(self) -> bool:
+        return self.kv_connector is not None and self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_kv_consumer(self) -> bool:
+        return self.kv_connector is not None and self.kv_role in ("kv_consumer", "kv_both")
+
+    def get_from_extra_config(self, key, default):
+        return self.kv_connector_extra_config.get(key, default)
+
+
 @dataclass
 class VllmConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
@@ -307,6 +371,7 @@ class VllmConfig:
     speculative_config: SpeculativeConfig | None = None
     # None: LoRA is off (upstream's lora_config is None unless enable_lora).
     lora_config: LoRAConfig | None = None
+    kv_transfer_config: KVTransferConfig | None = None
 
     def __post_init__(self) -> None:
         self.model_config.verify()

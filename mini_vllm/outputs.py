@@ -1,15 +1,33 @@
 """What flows out: the model runner's output, and what a user gets back.
 
-Mirrors upstream ``vllm/v1/outputs.py`` (``ModelRunnerOutput`` :233,
-``DraftTokenIds`` :297) and
+Mirrors upstream ``vllm/v1/outputs.py`` (``KVConnectorOutput`` :195,
+``ModelRunnerOutput`` :233, ``DraftTokenIds`` :297) and
 ``CompletionOutput`` (vllm/outputs.py:22), ``RequestOutput``
-(vllm/outputs.py:85) at v0.22.1. Left out: pooling, connector, NaN counts, CUDA-graph stats,
-n > 1, prompt logprobs, multimodal and LoRA fields.
+(vllm/outputs.py:85) at v0.22.1. Left out: pooling, connector stats and events,
+NaN counts, CUDA-graph stats, n > 1, prompt logprobs, multimodal and LoRA fields.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass
+class KVConnectorOutput:
+    """What the worker half of a KV connector reports after a step."""
+
+    # Requests whose asynchronous save / send ended (their blocks may go).
+    finished_sending: set[str] | None = None
+    # Requests whose asynchronous load ended (they may be scheduled).
+    finished_recving: set[str] | None = None
+    # Externally loaded blocks that failed: their tokens must be recomputed
+    # (or the request failed, by kv_load_failure_policy).
+    invalid_block_ids: set[int] = field(default_factory=set)
+
+    def is_empty(self) -> bool:
+        return (
+            not self.finished_sending and not self.finished_recving and not self.invalid_block_ids
+        )
 
 
 @dataclass
@@ -22,6 +40,8 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]] = field(default_factory=list)
     # Optional per-request top-n logprobs (filled by the sampler).
     logprobs: list | None = None
+    # The KV connector's report (None without a connector).
+    kv_connector_output: KVConnectorOutput | None = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from mini_vllm.config import (
     CacheConfig,
+    KVTransferConfig,
     LoRAConfig,
     ModelConfig,
     SchedulerConfig,
@@ -34,7 +35,7 @@ from mini_vllm.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from mini_vllm.lora.request import LoRARequest
-from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
+from mini_vllm.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from mini_vllm.structured_output import StructuredOutputManager
@@ -51,6 +52,7 @@ __all__ = [
     "manager_state",
     "make_model_runner_output",
     "ModelRunnerOutput",
+    "KVConnectorOutput",
     "DraftTokenIds",
     "RecordingGrammar",
 ]
@@ -72,6 +74,7 @@ def create_scheduler(
     num_speculative_tokens: int | None = None,
     kv_groups: list | None = None,
     max_loras: int | None = None,
+    kv_transfer_config: dict | None = None,
 ) -> Scheduler:
     """A scheduler over ``num_blocks`` KV blocks (block 0 is the null block);
     an ``AsyncScheduler`` with ``async_scheduling``, as upstream's engine picks;
@@ -82,7 +85,9 @@ def create_scheduler(
     with the n-gram one, as upstream's does, so the switch is set after the
     config is checked. ``kv_groups``: one KV-cache group per entry (``None``
     full attention, an int a sliding window; ``kv_cache_config_of``); default
-    one full-attention group. ``max_loras``: LoRA on, with that many adapters a step."""
+    one full-attention group. ``max_loras``: LoRA on, with that many adapters a step.
+    ``kv_transfer_config``: KVTransferConfig's fields, for a scheduler with a
+    KV connector."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     vllm_config = VllmConfig(
@@ -105,6 +110,9 @@ def create_scheduler(
         if num_speculative_tokens is None
         else SpeculativeConfig(num_speculative_tokens=num_speculative_tokens),
         lora_config=None if max_loras is None else LoRAConfig(max_loras=max_loras),
+        kv_transfer_config=None
+        if kv_transfer_config is None
+        else KVTransferConfig(**kv_transfer_config),
     )
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     if scheduler_cls is None:

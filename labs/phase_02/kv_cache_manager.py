@@ -86,13 +86,21 @@ class KVCacheManager(_reference.KVCacheManager):
         num_new_computed_tokens: int = 0,
         new_computed_blocks: KVCacheBlocks | None = None,
         num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
         full_sequence_must_fit: bool = False,
     ) -> KVCacheBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens.
 
         Token layout of the request::
 
-            | computed | new hits (new_computed_blocks) | new (to compute) |
+            | computed | new hits (new_computed_blocks) | external | new (to compute) |
+
+        ``num_external_computed_tokens``: tokens a KV connector will load
+        (Phase 15): they get fresh blocks, after the hits, and count as
+        computed. ``delay_cache_blocks``: register nothing in the prefix
+        cache yet (the load is asynchronous; the scheduler caches the blocks
+        once it is done).
 
         Returns the newly allocated blocks (possibly none), or ``None`` when
         the free pool cannot cover them, in which case nothing is changed.
@@ -104,7 +112,8 @@ class KVCacheManager(_reference.KVCacheManager):
         of the request's block table, append the new blocks, then (caching
         on) register every block that is full once this step's tokens are
         computed, counting only tokens that exist (``request.num_tokens``).
-        ``num_new_tokens == 0`` is a ``ValueError``.
+        ``num_new_tokens == 0`` is a ``ValueError`` unless external tokens
+        are coming (an asynchronous load schedules nothing to compute).
         """
         # HINT: the slots needed cover computed + hit + new (+ lookahead) tokens, capped
         # HINT: at max_model_len. Check every way to fail BEFORE changing anything.

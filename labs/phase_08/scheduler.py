@@ -176,33 +176,82 @@ class Scheduler(_reference.Scheduler):
                 step_skipped_waiting.prepend_request(request)
                 continue
 
-            new_computed_blocks, num_new_local_computed_tokens = (
-                self.kv_cache_manager.get_computed_blocks(request)
-            )
-            num_computed_tokens = num_new_local_computed_tokens
+            num_external_computed_tokens = 0
+            load_kv_async = False
+            if request.num_computed_tokens == 0:
+                new_computed_blocks, num_new_local_computed_tokens = (
+                    self.kv_cache_manager.get_computed_blocks(request)
+                )
+                num_computed_tokens = num_new_local_computed_tokens
 
-            # Upstream inlines this clamp here too (vllm/v1/core/sched/scheduler.py:654-669):
-            # the chunked-prefill check sits between threshold and budget, and a waiting
-            # request needs no model-length cap, so _clamp_new_tokens does not fit.
-            num_new_tokens = request.num_tokens - num_computed_tokens
-            threshold = self.scheduler_config.long_prefill_token_threshold
-            if 0 < threshold < num_new_tokens:
-                num_new_tokens = threshold
-            if not self.scheduler_config.enable_chunked_prefill and num_new_tokens > token_budget:
-                break  # whole prompt or nothing, and it does not fit
-            num_new_tokens = min(num_new_tokens, token_budget)
+                # A KV connector may hold more of the prompt than the local
+                # prefix cache (mirrors vllm/v1/core/sched/scheduler.py:597-623).
+                if self.connector is not None:
+                    ext_tokens, load_kv_async = self.connector.get_num_new_matched_tokens(
+                        request, num_new_local_computed_tokens
+                    )
+                    if ext_tokens is None:
+                        # The connector cannot tell yet: ask again next step.
+                        request_queue.pop_request()
+                        step_skipped_waiting.prepend_request(request)
+                        continue
+                    num_external_computed_tokens = ext_tokens
+                    num_computed_tokens += num_external_computed_tokens
+                assert num_computed_tokens <= request.num_tokens
+            else:
+                # Its KV arrived asynchronously: num_computed_tokens says how
+                # much (scheduler.py:635-639), and its blocks are held already.
+                new_computed_blocks = self.kv_cache_manager.empty_kv_cache_blocks
+                num_new_local_computed_tokens = 0
+                num_computed_tokens = request.num_computed_tokens
+
+            if load_kv_async:
+                # Its KV loads between steps: blocks now, no work this step.
+                num_new_tokens = 0
+            else:
+                # Upstream inlines this clamp here too (vllm/v1/core/sched/scheduler.py:654-669):
+                # the chunked-prefill check sits between threshold and budget, and a waiting
+                # request needs no model-length cap, so _clamp_new_tokens does not fit.
+                num_new_tokens = request.num_tokens - num_computed_tokens
+                threshold = self.scheduler_config.long_prefill_token_threshold
+                if 0 < threshold < num_new_tokens:
+                    num_new_tokens = threshold
+                if (
+                    not self.scheduler_config.enable_chunked_prefill
+                    and num_new_tokens > token_budget
+                ):
+                    break  # whole prompt or nothing, and it does not fit
+                num_new_tokens = min(num_new_tokens, token_budget)
 
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request,
                 num_new_tokens,
                 num_new_computed_tokens=num_new_local_computed_tokens,
                 new_computed_blocks=new_computed_blocks,
+                num_external_computed_tokens=num_external_computed_tokens,
+                delay_cache_blocks=load_kv_async,
                 full_sequence_must_fit=self.scheduler_config.scheduler_reserve_full_isl,
             )
             if new_blocks is None:
                 break  # no memory: stop admitting (strict queue order)
 
+            # The connector learns the request's blocks, and how many of them
+            # it fills (mirrors vllm/v1/core/sched/scheduler.py:742-760).
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(
+                    request,
+                    self.kv_cache_manager.get_blocks(request.request_id),
+                    num_external_computed_tokens,
+                )
+
             request = request_queue.pop_request()
+            if load_kv_async:
+                # Wait for the load in the blocked queue; num_computed_tokens
+                # counts the tokens coming (scheduler.py:763-780).
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                step_skipped_waiting.prepend_request(request)
+                request.num_computed_tokens = num_computed_tokens
+                continue
             self.running.append(request)
             if request.status == RequestStatus.WAITING:
                 scheduled_new_reqs.append(request)
@@ -255,6 +304,12 @@ class Scheduler(_reference.Scheduler):
             preempted_req_ids={req.request_id for req in preempted_reqs},
             scheduled_spec_decode_tokens=scheduled_spec_decode_tokens,
         )
+        # The connector packs this step's loads and saves for the workers and
+        # resets its per-step state (scheduler.py:905-911).
+        if self.connector is not None:
+            scheduler_output.kv_connector_metadata = self.connector.build_connector_meta(
+                scheduler_output
+            )
         self._update_after_schedule(scheduler_output)
         # Upstream sets this inside _update_after_schedule (scheduler.py:968).
         scheduler_output.has_structured_output_requests = any(
@@ -273,8 +328,19 @@ class Scheduler(_reference.Scheduler):
         outputs: list[EngineCoreOutput] = []
         stopped_running_reqs: set[Request] = set()
         spec_decoding_stats: SpecDecodingStats | None = None
+        kv_connector_output = model_runner_output.kv_connector_output
+
+        # Blocks whose external KV failed to load: their requests go back to
+        # the last good block (mirrors vllm/v1/core/sched/scheduler.py:1311-1319).
+        failed_kv_load_req_ids: set[str] = set()
+        if kv_connector_output and kv_connector_output.invalid_block_ids:
+            failed_kv_load_req_ids = self._handle_invalid_blocks(
+                kv_connector_output.invalid_block_ids, scheduler_output.num_scheduled_tokens
+            )
 
         for req_id in scheduler_output.num_scheduled_tokens:
+            if req_id in failed_kv_load_req_ids:
+                continue  # its step computed on bad KV: nothing it sampled counts
             request = self.requests.get(req_id)
             if request is None or request.is_finished():
                 continue  # aborted while the model was running
@@ -341,6 +407,21 @@ class Scheduler(_reference.Scheduler):
 
         if stopped_running_reqs:
             self.running = remove_all(self.running, stopped_running_reqs)
+
+        # kv_load_failure_policy="fail": the requests that lost loaded KV end
+        # with an error (mirrors vllm/v1/core/sched/scheduler.py:1535-1547).
+        if failed_kv_load_req_ids and not self.recompute_kv_load_failures:
+            requests = [self.requests[req_id] for req_id in failed_kv_load_req_ids]
+            self.finish_requests(failed_kv_load_req_ids, RequestStatus.FINISHED_ERROR)
+            for request in requests:
+                outputs.append(
+                    EngineCoreOutput(
+                        request.request_id, [], finish_reason=request.get_finished_reason()
+                    )
+                )
+
+        if kv_connector_output:
+            self._update_from_kv_xfer_finished(kv_connector_output)
         return EngineCoreOutputs(
             outputs=outputs, scheduler_stats=self.make_stats(spec_decoding_stats)
         )

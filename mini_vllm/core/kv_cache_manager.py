@@ -182,13 +182,21 @@ class KVCacheManager:
         num_new_computed_tokens: int = 0,
         new_computed_blocks: KVCacheBlocks | None = None,
         num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
         full_sequence_must_fit: bool = False,
     ) -> KVCacheBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens.
 
         Token layout of the request::
 
-            | computed | new hits (new_computed_blocks) | new (to compute) |
+            | computed | new hits (new_computed_blocks) | external | new (to compute) |
+
+        ``num_external_computed_tokens``: tokens a KV connector will load
+        (Phase 15): they get fresh blocks, after the hits, and count as
+        computed. ``delay_cache_blocks``: register nothing in the prefix
+        cache yet (the load is asynchronous; the scheduler caches the blocks
+        once it is done).
 
         Returns the newly allocated blocks (possibly none), or ``None`` when
         the free pool cannot cover them, in which case nothing is changed.
@@ -200,13 +208,18 @@ class KVCacheManager:
         of the request's block table, append the new blocks, then (caching
         on) register every block that is full once this step's tokens are
         computed, counting only tokens that exist (``request.num_tokens``).
-        ``num_new_tokens == 0`` is a ``ValueError``.
+        ``num_new_tokens == 0`` is a ``ValueError`` unless external tokens
+        are coming (an asynchronous load schedules nothing to compute).
         """
         # HINT: the slots needed cover computed + hit + new (+ lookahead) tokens, capped
         # HINT: at max_model_len. Check every way to fail BEFORE changing anything.
-        if num_new_tokens == 0:
-            raise ValueError("num_new_tokens must be greater than 0")
+        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+            raise ValueError(
+                "num_new_tokens must be greater than 0 when there are no external computed tokens"
+            )
         if self.coordinator is not None:
+            if num_external_computed_tokens or delay_cache_blocks:
+                raise ValueError("KV connectors need one full-attention KV-cache group.")
             return self._allocate_slots_by_group(
                 request,
                 num_new_tokens,
@@ -217,7 +230,9 @@ class KVCacheManager:
             )
         new_computed = new_computed_blocks.blocks[0] if new_computed_blocks else ()
         num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
-        total_computed_tokens = min(num_local_computed_tokens, self.max_model_len)
+        total_computed_tokens = min(
+            num_local_computed_tokens + num_external_computed_tokens, self.max_model_len
+        )
         free = self.block_pool.get_num_free_blocks()
         request_id = request.request_id
 
@@ -233,19 +248,26 @@ class KVCacheManager:
             return None
 
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
-        if new_computed:
+        if new_computed or num_external_computed_tokens > 0:
             # Only a request with no blocks yet can have prefix hits.
             assert not req_blocks
             if self.enable_caching:
                 self.block_pool.touch(new_computed)
             req_blocks.extend(new_computed)
             self.num_cached_block[request_id] = len(req_blocks)
+            if num_external_computed_tokens > 0:
+                # Fresh blocks for the connector to load into (not returned
+                # as new: the scheduler sends the whole table of a new request).
+                num_loaded_blocks = cdiv(
+                    num_local_computed_tokens + num_external_computed_tokens, self.block_size
+                ) - len(req_blocks)
+                req_blocks.extend(self.block_pool.get_new_blocks(num_loaded_blocks))
 
         num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(req_blocks)
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         req_blocks.extend(new_blocks)
 
-        if self.enable_caching:
+        if self.enable_caching and not delay_cache_blocks:
             # Cache every block that will be full once this step runs, but
             # never count tokens that do not exist yet (lookahead slots).
             self.cache_blocks(

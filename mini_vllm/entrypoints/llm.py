@@ -32,6 +32,7 @@ from mini_vllm.config import (
     AttentionConfig,
     CacheConfig,
     DeviceConfig,
+    KVTransferConfig,
     ModelConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -92,6 +93,7 @@ class LLM:
         logits_processors: list[type] | None = None,
         logprobs_mode: str = "raw_logprobs",
         speculative_config: dict | None = None,
+        kv_transfer_config: dict | None = None,
     ) -> None:
         from mini_vllm.model_executor.layers.quantization import verify_quantization
         from mini_vllm.model_executor.model_loader import find_checkpoint, load_model
@@ -104,6 +106,11 @@ class LLM:
         # "prompt_lookup_min": 2, "prompt_lookup_max": 4}, as upstream's.
         spec_config = (
             None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)
+        )
+        # e.g. {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+        # "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}}.
+        kv_config = (
+            None if kv_transfer_config is None else KVTransferConfig.from_dict(kv_transfer_config)
         )
         torch_device = resolve_device(device)
         verify_kv_cache_dtype(
@@ -164,6 +171,7 @@ class LLM:
             device_config=DeviceConfig(device=device),
             attention_config=AttentionConfig(backend=attention_backend),
             speculative_config=spec_config,
+            kv_transfer_config=kv_config,
         )
         self.llm_engine = LLMEngine(config, loaded)
         self.request_counter = itertools.count()

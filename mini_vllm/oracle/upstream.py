@@ -32,6 +32,7 @@ from vllm import ModelRegistry  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
+    KVTransferConfig,
     LoRAConfig,
     ModelConfig,
     SchedulerConfig,
@@ -51,7 +52,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar  # noqa: E402
@@ -65,6 +66,7 @@ __all__ = [
     "EOS_TOKEN_ID",
     "RequestStatus",
     "ModelRunnerOutput",
+    "KVConnectorOutput",
     "DraftTokenIds",
     "create_scheduler",
     "create_requests",
@@ -136,12 +138,15 @@ def create_scheduler(
     num_speculative_tokens: int | None = None,
     kv_groups: list | None = None,
     max_loras: int | None = None,
+    kv_transfer_config: dict | None = None,
 ) -> Scheduler:
     """Upstream's Scheduler, or its AsyncScheduler with ``async_scheduling``
     (the class upstream's engine picks for that setting). ``kv_groups``: one
     KV-cache group per entry (``None`` full attention, an int a sliding
     window), driven by upstream's hybrid coordinator as on a GPU; default one
-    full-attention group. ``max_loras``: LoRA on, with that many adapters a step."""
+    full-attention group. ``max_loras``: LoRA on, with that many adapters a step.
+    ``kv_transfer_config``: KVTransferConfig's fields (the connector's buffer
+    on the CPU), for a scheduler with a KV connector."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     scheduler_config = SchedulerConfig(
@@ -181,6 +186,9 @@ def create_scheduler(
         device_config=DeviceConfig(device="cpu"),
         speculative_config=speculative_config,
         lora_config=None if max_loras is None else LoRAConfig(max_loras=max_loras),
+        kv_transfer_config=None
+        if kv_transfer_config is None
+        else KVTransferConfig(kv_buffer_device="cpu", **kv_transfer_config),
     )
     asked = {
         "max_num_seqs": max_num_seqs,

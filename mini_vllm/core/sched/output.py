@@ -3,7 +3,7 @@
 Mirrors upstream ``vllm/v1/core/sched/output.py`` at v0.22.1
 (``NewRequestData`` :31, ``CachedRequestData`` :112, ``SchedulerOutput``
 :181, ``GrammarOutput`` :259). Left out: multimodal, pooling and
-connector fields, and the grammar fields of async scheduling
+the encoder-cache connector's fields, and the grammar fields of async scheduling
 (``pending_structured_output_tokens``, ``num_invalid_spec_tokens``).
 
 The split is the point: a request scheduled for the first time travels in
@@ -17,6 +17,7 @@ whole token list is resent in ``all_token_ids``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +91,9 @@ class SchedulerOutput:
     # Whether a scheduled request with a grammar samples a token this step
     # (set by _update_after_schedule; get_grammar_bitmask reads it).
     has_structured_output_requests: bool = False
+    # The KV connector's plan for this step (build_connector_meta), for the
+    # workers' half of the connector; None without a connector.
+    kv_connector_metadata: Any = None
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:

@@ -10,6 +10,12 @@ queue (``skipped_waiting``, built at scheduler.py:166-167;
 ``_select_waiting_queue_for_scheduling`` :1619) and
 ``_try_promote_blocked_waiting_request`` (:2103); with LoRA, the limit of
 ``max_loras`` distinct adapters a step (:534-542, :571-581, :796-797).
+With a KV connector (Phase 15): external hits and asynchronous loads in
+the waiting loop (:585-780), the connector's metadata (:909), ``_connector_finished``
+(:2038), ``_update_waiting_for_remote_kv`` (:2069),
+``_update_from_kv_xfer_finished`` (:2136) and the handling of blocks that
+failed to load (``_update_requests_with_invalid_blocks`` :2165,
+``_handle_invalid_blocks`` :2268).
 What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
@@ -24,7 +30,11 @@ Invariants kept:
   rejected ones are taken back off ``num_computed_tokens`` once verified;
 - a request waiting for its grammar to compile sits in ``skipped_waiting``
   and is passed over, without holding up the requests behind it, until
-  the compile is done; then it is admitted like any other.
+  the compile is done; then it is admitted like any other; so does one
+  waiting for its KV to arrive (WAITING_FOR_REMOTE_KVS);
+- a finished request whose KV the connector is still saving keeps its
+  blocks (and its place in ``self.requests``) until the workers report the
+  save done in ``finished_sending``.
 """
 
 from __future__ import annotations
@@ -48,10 +58,15 @@ from mini_vllm.core.sched.request_queue import (
     create_request_queue,
 )
 from mini_vllm.core.sched.utils import check_stop, remove_all
+from mini_vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from mini_vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
 from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from mini_vllm.kv_cache_interface import KVCacheConfig
 from mini_vllm.metrics.stats import SchedulerStats
-from mini_vllm.outputs import DraftTokenIds, ModelRunnerOutput
+from mini_vllm.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.spec_decode.metrics import SpecDecodingStats
 from mini_vllm.structured_output import StructuredOutputManager
@@ -128,6 +143,29 @@ class Scheduler(SchedulerInterface):
             kv_cache_config=kv_cache_config,
             max_num_batched_tokens=self.max_num_scheduled_tokens,
         )
+
+        # The scheduler half of a KV connector (scheduler.py:118-135); the
+        # workers build the other half. Blocks that fail to load are
+        # recomputed or fail their request, as kv_load_failure_policy says.
+        self.connector: KVConnectorBase_V1 | None = None
+        self.recompute_kv_load_failures = True
+        kv_transfer_config = vllm_config.kv_transfer_config
+        if kv_transfer_config is not None:
+            if self.kv_cache_manager.coordinator is not None:
+                raise ValueError(
+                    "kv_transfer_config: mini_vllm's KV connectors need one "
+                    "full-attention KV-cache group."
+                )
+            self.connector = KVConnectorFactory.create_connector(
+                vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config
+            )
+            self.recompute_kv_load_failures = (
+                kv_transfer_config.kv_load_failure_policy == "recompute"
+            )
+        # Requests whose asynchronous load ended (scheduler.py:180-181); the
+        # failed ones among them have lost some of their loaded tokens.
+        self.finished_recving_kv_req_ids: set[str] = set()
+        self.failed_recving_kv_req_ids: set[str] = set()
 
     # ------------------------------------------------------------------ schedule
 
@@ -332,45 +370,96 @@ class Scheduler(SchedulerInterface):
                 step_skipped_waiting.prepend_request(request)
                 continue
 
-            # BEGIN LAB 03.6: prefix caching: start from the longest cached prefix
-            # HINT: receives request; leaves new_computed_blocks, num_new_local_computed_tokens
-            # HINT: and num_computed_tokens defined (the code after it reads all three).
-            # HINT: the KV cache manager knows which full blocks of this request are
-            # HINT: cached; their tokens count as computed and cost no budget.
-            new_computed_blocks, num_new_local_computed_tokens = (
-                self.kv_cache_manager.get_computed_blocks(request)
-            )
-            num_computed_tokens = num_new_local_computed_tokens
-            # END LAB 03.6
+            num_external_computed_tokens = 0
+            load_kv_async = False
+            if request.num_computed_tokens == 0:
+                # BEGIN LAB 03.6: prefix caching: start from the longest cached prefix
+                # HINT: receives request; leaves new_computed_blocks,
+                # HINT: num_new_local_computed_tokens and num_computed_tokens defined
+                # HINT: (the code after it reads all three). The KV cache manager knows
+                # HINT: which full blocks of this request are cached; their tokens
+                # HINT: count as computed and cost no budget.
+                new_computed_blocks, num_new_local_computed_tokens = (
+                    self.kv_cache_manager.get_computed_blocks(request)
+                )
+                num_computed_tokens = num_new_local_computed_tokens
+                # END LAB 03.6
 
-            # BEGIN LAB 03.2: how many of a waiting request's tokens to prefill now
-            # HINT: receives request, num_computed_tokens, token_budget; leaves num_new_tokens.
-            # HINT: num_tokens, not num_prompt_tokens: a resumed request recomputes its
-            # HINT: outputs too. Then the threshold, then the budget; without chunked
-            # HINT: prefill a prompt that does not fit whole must wait (stop admitting).
-            # Upstream inlines this clamp here too (vllm/v1/core/sched/scheduler.py:654-669):
-            # the chunked-prefill check sits between threshold and budget, and a waiting
-            # request needs no model-length cap, so _clamp_new_tokens does not fit.
-            num_new_tokens = request.num_tokens - num_computed_tokens
-            threshold = self.scheduler_config.long_prefill_token_threshold
-            if 0 < threshold < num_new_tokens:
-                num_new_tokens = threshold
-            if not self.scheduler_config.enable_chunked_prefill and num_new_tokens > token_budget:
-                break  # whole prompt or nothing, and it does not fit
-            num_new_tokens = min(num_new_tokens, token_budget)
-            # END LAB 03.2
+                # A KV connector may hold more of the prompt than the local
+                # prefix cache (mirrors vllm/v1/core/sched/scheduler.py:597-623).
+                if self.connector is not None:
+                    ext_tokens, load_kv_async = self.connector.get_num_new_matched_tokens(
+                        request, num_new_local_computed_tokens
+                    )
+                    if ext_tokens is None:
+                        # The connector cannot tell yet: ask again next step.
+                        request_queue.pop_request()
+                        step_skipped_waiting.prepend_request(request)
+                        continue
+                    num_external_computed_tokens = ext_tokens
+                    num_computed_tokens += num_external_computed_tokens
+                assert num_computed_tokens <= request.num_tokens
+            else:
+                # Its KV arrived asynchronously: num_computed_tokens says how
+                # much (scheduler.py:635-639), and its blocks are held already.
+                new_computed_blocks = self.kv_cache_manager.empty_kv_cache_blocks
+                num_new_local_computed_tokens = 0
+                num_computed_tokens = request.num_computed_tokens
+
+            if load_kv_async:
+                # Its KV loads between steps: blocks now, no work this step.
+                num_new_tokens = 0
+            else:
+                # BEGIN LAB 03.2: how many of a waiting request's tokens to prefill now
+                # HINT: receives request, num_computed_tokens, token_budget; leaves
+                # HINT: num_new_tokens. num_tokens, not num_prompt_tokens: a resumed
+                # HINT: request recomputes its outputs too. Then the threshold, then the
+                # HINT: budget; without chunked prefill a prompt that does not fit whole
+                # HINT: must wait (stop admitting).
+                # Upstream inlines this clamp here too (vllm/v1/core/sched/scheduler.py:654-669):
+                # the chunked-prefill check sits between threshold and budget, and a waiting
+                # request needs no model-length cap, so _clamp_new_tokens does not fit.
+                num_new_tokens = request.num_tokens - num_computed_tokens
+                threshold = self.scheduler_config.long_prefill_token_threshold
+                if 0 < threshold < num_new_tokens:
+                    num_new_tokens = threshold
+                if (
+                    not self.scheduler_config.enable_chunked_prefill
+                    and num_new_tokens > token_budget
+                ):
+                    break  # whole prompt or nothing, and it does not fit
+                num_new_tokens = min(num_new_tokens, token_budget)
+                # END LAB 03.2
 
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request,
                 num_new_tokens,
                 num_new_computed_tokens=num_new_local_computed_tokens,
                 new_computed_blocks=new_computed_blocks,
+                num_external_computed_tokens=num_external_computed_tokens,
+                delay_cache_blocks=load_kv_async,
                 full_sequence_must_fit=self.scheduler_config.scheduler_reserve_full_isl,
             )
             if new_blocks is None:
                 break  # no memory: stop admitting (strict queue order)
 
+            # The connector learns the request's blocks, and how many of them
+            # it fills (mirrors vllm/v1/core/sched/scheduler.py:742-760).
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(
+                    request,
+                    self.kv_cache_manager.get_blocks(request.request_id),
+                    num_external_computed_tokens,
+                )
+
             request = request_queue.pop_request()
+            if load_kv_async:
+                # Wait for the load in the blocked queue; num_computed_tokens
+                # counts the tokens coming (scheduler.py:763-780).
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                step_skipped_waiting.prepend_request(request)
+                request.num_computed_tokens = num_computed_tokens
+                continue
             self.running.append(request)
             # BEGIN LAB 03.4: a first-time request or a resumed one?
             # HINT: receives request (just moved to running); leaves nothing but the two lists.
@@ -436,6 +525,12 @@ class Scheduler(SchedulerInterface):
             preempted_req_ids={req.request_id for req in preempted_reqs},
             scheduled_spec_decode_tokens=scheduled_spec_decode_tokens,
         )
+        # The connector packs this step's loads and saves for the workers and
+        # resets its per-step state (scheduler.py:905-911).
+        if self.connector is not None:
+            scheduler_output.kv_connector_metadata = self.connector.build_connector_meta(
+                scheduler_output
+            )
         self._update_after_schedule(scheduler_output)
         # Upstream sets this inside _update_after_schedule (scheduler.py:968).
         scheduler_output.has_structured_output_requests = any(
@@ -449,9 +544,12 @@ class Scheduler(SchedulerInterface):
 
     @staticmethod
     def _is_blocked_waiting_status(status: RequestStatus) -> bool:
-        """Waiting, but not runnable yet (scheduler.py:1606; mini_vllm has only
-        the grammar wait of upstream's three)."""
-        return status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+        """Waiting, but not runnable yet (scheduler.py:1606; mini_vllm has the
+        grammar and remote-KV waits of upstream's three)."""
+        return status in (
+            RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+            RequestStatus.WAITING_FOR_REMOTE_KVS,
+        )
 
     # BEGIN LAB 12.1: a new or preempted request joins the queue its status says
     def _enqueue_waiting_request(self, request: Request) -> None:
@@ -494,6 +592,9 @@ class Scheduler(SchedulerInterface):
         # HINT: request.structured_output_request.grammar is None while the compile
         # HINT: runs, the grammar once it is done, and re-raises a compile's exception.
         # HINT: A failed request is freed and its id kept in self.failed_grammar_reqs.
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            # Phase 15: runnable once the workers reported its load ended.
+            return self._try_promote_remote_kv_request(request)
         assert request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         try:
             grammar = request.structured_output_request.grammar
@@ -634,8 +735,19 @@ class Scheduler(SchedulerInterface):
         outputs: list[EngineCoreOutput] = []
         stopped_running_reqs: set[Request] = set()
         spec_decoding_stats: SpecDecodingStats | None = None
+        kv_connector_output = model_runner_output.kv_connector_output
+
+        # Blocks whose external KV failed to load: their requests go back to
+        # the last good block (mirrors vllm/v1/core/sched/scheduler.py:1311-1319).
+        failed_kv_load_req_ids: set[str] = set()
+        if kv_connector_output and kv_connector_output.invalid_block_ids:
+            failed_kv_load_req_ids = self._handle_invalid_blocks(
+                kv_connector_output.invalid_block_ids, scheduler_output.num_scheduled_tokens
+            )
 
         for req_id in scheduler_output.num_scheduled_tokens:
+            if req_id in failed_kv_load_req_ids:
+                continue  # its step computed on bad KV: nothing it sampled counts
             request = self.requests.get(req_id)
             if request is None or request.is_finished():
                 continue  # aborted while the model was running
@@ -726,6 +838,21 @@ class Scheduler(SchedulerInterface):
         if stopped_running_reqs:
             self.running = remove_all(self.running, stopped_running_reqs)
         # END LAB 03.5
+
+        # kv_load_failure_policy="fail": the requests that lost loaded KV end
+        # with an error (mirrors vllm/v1/core/sched/scheduler.py:1535-1547).
+        if failed_kv_load_req_ids and not self.recompute_kv_load_failures:
+            requests = [self.requests[req_id] for req_id in failed_kv_load_req_ids]
+            self.finish_requests(failed_kv_load_req_ids, RequestStatus.FINISHED_ERROR)
+            for request in requests:
+                outputs.append(
+                    EngineCoreOutput(
+                        request.request_id, [], finish_reason=request.get_finished_reason()
+                    )
+                )
+
+        if kv_connector_output:
+            self._update_from_kv_xfer_finished(kv_connector_output)
         return EngineCoreOutputs(
             outputs=outputs, scheduler_stats=self.make_stats(spec_decoding_stats)
         )
@@ -811,6 +938,8 @@ class Scheduler(SchedulerInterface):
             raise ValueError(f"Request {request.request_id!r} is {request.status}, not WAITING.")
         self._enqueue_waiting_request(request)
         self.requests[request.request_id] = request
+        if self.connector is not None:
+            self.connector.on_new_request(request)
 
     # mirrors vllm/v1/core/sched/scheduler.py:1779-1840
     def finish_requests(
@@ -846,14 +975,30 @@ class Scheduler(SchedulerInterface):
             self.waiting.remove_requests(waiting_to_remove)
             self.skipped_waiting.remove_requests(waiting_to_remove)
         for request in valid_requests:
+            # A request still loading keeps its blocks until the load ends:
+            # the workers may be writing into them (scheduler.py:1827-1836).
+            delay_free_blocks = False
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                delay_free_blocks = request.request_id not in self.finished_recving_kv_req_ids
+                self.finished_recving_kv_req_ids.discard(request.request_id)
+                self.failed_recving_kv_req_ids.discard(request.request_id)
             request.status = finished_status
-            self._free_request(request)
+            self._free_request(request, delay_free_blocks=delay_free_blocks)
         return [r.request_id for r in valid_requests]
 
     # mirrors vllm/v1/core/sched/scheduler.py:1842-1863
-    def _free_request(self, request: Request) -> None:
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> None:
+        """Finished: tell the workers, and free its blocks unless a KV
+        transfer still uses them (then ``_update_from_kv_xfer_finished``
+        frees them when the workers report it done)."""
         assert request.is_finished()
+        connector_delay_free_blocks = self._connector_finished(request)
         self.finished_req_ids.add(request.request_id)
+        if not (delay_free_blocks or connector_delay_free_blocks):
+            self._free_blocks(request)
+
+    def _free_blocks(self, request: Request) -> None:
+        assert request.is_finished()
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
 
@@ -861,7 +1006,181 @@ class Scheduler(SchedulerInterface):
         return len(self.waiting) + len(self.skipped_waiting) + len(self.running)
 
     def has_finished_requests(self) -> bool:
-        return len(self.finished_req_ids) > 0
+        """Finished ids to tell the workers, or finished requests whose
+        blocks a KV transfer still holds (scheduler.py:1884-1894)."""
+        if self.finished_req_ids:
+            return True
+        if self.connector is None:
+            return False
+        num_in_queues = len(self.waiting) + len(self.skipped_waiting) + len(self.running)
+        return len(self.requests) > num_in_queues
+
+    # ------------------------------------------------------------ KV connector
+
+    def get_kv_connector(self) -> KVConnectorBase_V1 | None:
+        return self.connector
+
+    # mirrors vllm/v1/core/sched/scheduler.py:2038-2067
+    def _connector_finished(self, request: Request) -> bool:
+        """Tell the connector the request finished, with its block ids; True
+        when the connector still reads them (an asynchronous save)."""
+        if self.connector is None:
+            return False
+        (block_ids,) = self.kv_cache_manager.get_block_ids(request.request_id)
+        delay_free_blocks, _kv_transfer_params = self.connector.request_finished(request, block_ids)
+        return delay_free_blocks
+
+    # mirrors vllm/v1/core/sched/scheduler.py:2069-2101
+    def _update_waiting_for_remote_kv(self, request: Request) -> None:
+        """Its load ended: register the loaded blocks in the prefix cache (or,
+        if every loaded token failed, give the blocks back)."""
+        assert self.connector is not None
+        if request.request_id in self.failed_recving_kv_req_ids:
+            # _update_requests_with_invalid_blocks cut num_computed_tokens back.
+            if request.num_computed_tokens:
+                self._cache_blocks(request, request.num_computed_tokens)
+            else:
+                self.kv_cache_manager.free(request)
+            self.failed_recving_kv_req_ids.remove(request.request_id)
+        else:
+            self._cache_blocks(request, request.num_computed_tokens)
+            # A hit on the whole prompt: recompute the last token, whose
+            # logits sample the first output token.
+            if request.num_computed_tokens == request.num_tokens:
+                request.num_computed_tokens = request.num_tokens - 1
+        self.finished_recving_kv_req_ids.remove(request.request_id)
+
+    def _cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Upstream's KVCacheManager.cache_blocks checks enable_caching itself
+        (kv_cache_manager.py:552); mini_vllm's (Lab 02.3) leaves it to callers."""
+        if self.kv_cache_manager.enable_caching:
+            self.kv_cache_manager.cache_blocks(request, num_computed_tokens)
+
+    # mirrors vllm/v1/core/sched/scheduler.py:2107-2117
+    def _try_promote_remote_kv_request(self, request: Request) -> bool:
+        """WAITING (PREEMPTED if it was preempted before) once the workers
+        reported its load ended; False until then."""
+        if request.request_id not in self.finished_recving_kv_req_ids:
+            return False
+        self._update_waiting_for_remote_kv(request)
+        request.status = (
+            RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+        )
+        return True
+
+    # mirrors vllm/v1/core/sched/scheduler.py:2136-2163
+    def _update_from_kv_xfer_finished(self, kv_connector_output: KVConnectorOutput) -> None:
+        """The workers' report: loads that ended make their requests
+        schedulable; saves that ended free their finished requests' blocks."""
+        if self.connector is not None:
+            self.connector.update_connector_output(kv_connector_output)
+        for req_id in kv_connector_output.finished_recving or ():
+            assert req_id in self.requests, f"finished_recving: unknown request {req_id!r}"
+            request = self.requests[req_id]
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(req_id)
+            else:
+                # Aborted while loading: its blocks were kept until now.
+                assert request.is_finished()
+                self._free_blocks(request)
+        for req_id in kv_connector_output.finished_sending or ():
+            assert req_id in self.requests, f"finished_sending: unknown request {req_id!r}"
+            self._free_blocks(self.requests[req_id])
+
+    # mirrors vllm/v1/core/sched/scheduler.py:2165-2266
+    def _update_requests_with_invalid_blocks(
+        self,
+        requests: Iterable[Request],
+        invalid_block_ids: set[int],
+        num_scheduled_tokens: dict[str, int],
+        evict_blocks: bool = True,
+    ) -> tuple[set[str], int, set[int]]:
+        """Cut each affected request's num_computed_tokens back to its first
+        invalid block. Returns the affected ids, the tokens to recompute, and
+        the blocks to evict from the prefix cache (the invalid ones and all
+        after them). A block shared with a request earlier in the scan is
+        recomputed by that one only."""
+        affected_req_ids: set[str] = set()
+        total_affected_tokens = 0
+        blocks_to_evict: set[int] = set()
+        marked_invalid_block_ids: set[int] = set()
+        for request in requests:
+            is_affected = False
+            marked_invalid_block = False
+            req_id = request.request_id
+            (req_block_ids,) = self.kv_cache_manager.get_block_ids(req_id)
+            # Only blocks computed before this step can hold loaded tokens.
+            req_num_computed_tokens = request.num_computed_tokens - num_scheduled_tokens.get(
+                req_id, 0
+            )
+            req_num_computed_blocks = (
+                req_num_computed_tokens + self.block_size - 1
+            ) // self.block_size
+            for idx, block_id in zip(range(req_num_computed_blocks), req_block_ids, strict=False):
+                if block_id not in invalid_block_ids:
+                    continue
+                is_affected = True
+                if block_id in marked_invalid_block_ids:
+                    continue  # an earlier request recomputes it
+                marked_invalid_block_ids.add(block_id)
+                if marked_invalid_block:
+                    continue  # already cut back at an earlier block
+                marked_invalid_block = True
+                request.num_computed_tokens = idx * self.block_size
+                total_affected_tokens += req_num_computed_tokens - request.num_computed_tokens
+                if evict_blocks:
+                    blocks_to_evict.update(req_block_ids[idx:])
+            if is_affected:
+                if not marked_invalid_block:
+                    # Every bad block is recomputed by an earlier request:
+                    # keep only what was computed before this step.
+                    total_affected_tokens += request.num_computed_tokens - req_num_computed_tokens
+                    request.num_computed_tokens = req_num_computed_tokens
+                affected_req_ids.add(req_id)
+        return affected_req_ids, total_affected_tokens, blocks_to_evict
+
+    # mirrors vllm/v1/core/sched/scheduler.py:2268-2335
+    def _handle_invalid_blocks(
+        self, invalid_block_ids: set[int], num_scheduled_tokens: dict[str, int]
+    ) -> set[str]:
+        """Requests hit by blocks that failed to load. Asynchronous loads are
+        marked to retry once their load ends; the running requests returned
+        are skipped by update_from_output (their step is redone); with the
+        "fail" policy every affected request is returned, to be finished."""
+        async_load_reqs = (
+            req
+            for req in self.skipped_waiting
+            if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        )
+        async_failed_req_ids, num_failed_tokens, _ = self._update_requests_with_invalid_blocks(
+            async_load_reqs, invalid_block_ids, num_scheduled_tokens, evict_blocks=False
+        )
+        sync_failed_req_ids, num_sync_failed_tokens, sync_blocks_to_evict = (
+            self._update_requests_with_invalid_blocks(
+                self.running, invalid_block_ids, num_scheduled_tokens, evict_blocks=True
+            )
+        )
+        num_failed_requests = len(async_failed_req_ids) + len(sync_failed_req_ids)
+        num_failed_tokens += num_sync_failed_tokens
+        if not num_failed_requests:
+            return set()
+        if sync_blocks_to_evict and not self.recompute_kv_load_failures:
+            self.kv_cache_manager.evict_blocks(sync_blocks_to_evict)
+        if not self.recompute_kv_load_failures:
+            logger.error(
+                "Failing %d request(s) on KV load failure (%d tokens affected): %s",
+                num_failed_requests,
+                num_failed_tokens,
+                async_failed_req_ids | sync_failed_req_ids,
+            )
+            return async_failed_req_ids | sync_failed_req_ids
+        logger.warning(
+            "Recovered from KV load failure: %d request(s) rescheduled (%d tokens affected).",
+            num_failed_requests,
+            num_failed_tokens,
+        )
+        self.failed_recving_kv_req_ids |= async_failed_req_ids
+        return sync_failed_req_ids
 
     def make_stats(
         self, spec_decoding_stats: SpecDecodingStats | None = None

@@ -1,0 +1,1 @@
+"""Distributed pieces (upstream ``vllm/distributed/``): for now only KV transfer."""

@@ -1,0 +1,1 @@
+"""KV connectors (upstream ``vllm/distributed/kv_transfer/kv_connector/``)."""
