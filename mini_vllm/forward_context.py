@@ -6,6 +6,12 @@ Mirrors upstream ``vllm/forward_context.py`` (``ForwardContext`` :129,
 parallel metadata, CUDA-graph batch descriptors, per-layer metadata dicts
 (mini_vllm's layers all share one ``AttentionMetadata``).
 
+Differs from upstream: the context carries the worker half of the KV
+connector (``kv_connector``), which upstream's attention layers find through
+a process-wide group (``get_kv_transfer_group``,
+vllm/distributed/kv_transfer/kv_transfer_state.py:19): mini_vllm may run
+two engines in one process, each with its own connector.
+
 Differs from upstream: the context is per thread, not per process. Upstream
 runs one engine core per process; mini_vllm's ``AsyncLLM`` steps its engine
 in a thread, so a server and an offline ``LLM`` in one process (tests,
@@ -17,6 +23,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from mini_vllm.attention.backend import AttentionMetadata
 
@@ -24,6 +31,8 @@ from mini_vllm.attention.backend import AttentionMetadata
 @dataclass
 class ForwardContext:
     attn_metadata: AttentionMetadata | None
+    # The worker half of the engine's KV connector (Phase 15), or None.
+    kv_connector: Any = None
 
 
 # One slot per thread: ``_local.context`` is the running forward's context.
@@ -38,9 +47,9 @@ def get_forward_context() -> ForwardContext:
 
 
 @contextmanager
-def set_forward_context(attn_metadata: AttentionMetadata | None):
+def set_forward_context(attn_metadata: AttentionMetadata | None, kv_connector: Any = None):
     previous = getattr(_local, "context", None)
-    _local.context = ForwardContext(attn_metadata)
+    _local.context = ForwardContext(attn_metadata, kv_connector)
     try:
         yield
     finally:

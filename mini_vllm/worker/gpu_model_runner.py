@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,9 +60,19 @@ from mini_vllm.attention.backend import AttentionMetadata
 from mini_vllm.attention.backends.utils import reorder_batch_to_split_decodes_and_prefills
 from mini_vllm.config import VllmConfig
 from mini_vllm.core.sched.output import GrammarOutput, SchedulerOutput
-from mini_vllm.forward_context import set_forward_context
+from mini_vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from mini_vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
+from mini_vllm.forward_context import get_forward_context, set_forward_context
 from mini_vllm.kv_cache_interface import KVCacheConfig
-from mini_vllm.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
+from mini_vllm.outputs import (
+    EMPTY_MODEL_RUNNER_OUTPUT,
+    DraftTokenIds,
+    KVConnectorOutput,
+    ModelRunnerOutput,
+)
 from mini_vllm.sample.logits_processor import (
     LogitBiasLogitsProcessor,
     LogitsProcessors,
@@ -136,6 +148,17 @@ class GPUModelRunner:
             logitsprocs=build_logitsprocs(vllm_config, self.device),
         )
         self.sampler = Sampler(vllm_config.model_config.logprobs_mode)
+        # The worker half of the KV connector (Phase 15), given the paged KV
+        # tensors it loads into and saves from (upstream: the worker builds it
+        # in ensure_kv_transfer_initialized, then register_kv_caches).
+        self.kv_connector: KVConnectorBase_V1 | None = None
+        if vllm_config.kv_transfer_config is not None:
+            self.kv_connector = KVConnectorFactory.create_connector(
+                vllm_config, KVConnectorRole.WORKER, kv_cache_config
+            )
+            self.kv_connector.register_kv_caches(
+                {layer.layer_name: layer.kv_cache for layer in model.attention_layers()}
+            )
         # N-gram speculation: the proposer drafts after each step, the
         # rejection sampler verifies the drafts the next step.
         spec = vllm_config.speculative_config
@@ -549,6 +572,16 @@ class GPUModelRunner:
         (upstream applies it in ``sample_tokens``, gpu_model_runner.py:4358)."""
         self._update_states(scheduler_output)
         if not scheduler_output.total_num_scheduled_tokens:
+            if self.kv_connector is not None:
+                # Transfers still report when nothing runs (upstream's
+                # kv_connector_no_forward, kv_connector_model_runner_mixin.py:38).
+                with (
+                    set_forward_context(None, self.kv_connector),
+                    self._kv_connector_output(scheduler_output, wait_for_save=False) as out,
+                ):
+                    pass
+                if not out.is_empty():
+                    return ModelRunnerOutput([], {}, kv_connector_output=out)
             return EMPTY_MODEL_RUNNER_OUTPUT
         req_ids = list(self.input_batch.req_ids)
         num_scheduled_tokens = np.array(
@@ -557,7 +590,10 @@ class GPUModelRunner:
         inputs = self._prepare_inputs(scheduler_output, num_scheduled_tokens)
 
         start = time.perf_counter()
-        with set_forward_context(inputs.attn_metadata):
+        with (
+            set_forward_context(inputs.attn_metadata, self.kv_connector),
+            self._maybe_kv_connector_output(scheduler_output) as kv_connector_output,
+        ):
             hidden_states = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden]
         # [num_logits, V]: one row a request, 1 + drafts rows when verifying drafts
         logits = self.model.compute_logits(hidden_states[inputs.logits_indices])
@@ -576,7 +612,40 @@ class GPUModelRunner:
             req_id_to_index=dict(self.input_batch.req_id_to_index),
             sampled_token_ids=sampled,
             logprobs=logprobs,
+            kv_connector_output=kv_connector_output,
         )
+
+    def _maybe_kv_connector_output(self, scheduler_output: SchedulerOutput):
+        """``_kv_connector_output`` with a connector; else yields None
+        (upstream's maybe_get_kv_connector_output, kv_connector_model_runner_mixin.py:58)."""
+        if self.kv_connector is None:
+            return nullcontext()
+        return self._kv_connector_output(scheduler_output)
+
+    # mirrors vllm/v1/worker/kv_connector_model_runner_mixin.py:85-119
+    @contextmanager
+    def _kv_connector_output(
+        self, scheduler_output: SchedulerOutput, wait_for_save: bool = True
+    ) -> Iterator[KVConnectorOutput]:
+        """One step of the worker half around the forward pass: bind the
+        scheduler's metadata and start the loads; after it, wait for the
+        saves and collect what finished and which blocks failed to load.
+        Must run inside the step's forward context."""
+        connector = self.kv_connector
+        assert connector is not None and scheduler_output.kv_connector_metadata is not None
+        output = KVConnectorOutput()
+        connector.bind_connector_metadata(scheduler_output.kv_connector_metadata)
+        connector.start_load_kv(get_forward_context())
+        try:
+            yield output
+        finally:
+            if wait_for_save:
+                connector.wait_for_save()
+            output.finished_sending, output.finished_recving = connector.get_finished(
+                scheduler_output.finished_req_ids
+            )
+            output.invalid_block_ids = connector.get_block_ids_with_load_errors()
+            connector.clear_connector_metadata()
 
     def propose_draft_token_ids(self, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Next step's drafts, one list per row (empty where the row sampled

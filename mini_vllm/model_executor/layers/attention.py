@@ -22,6 +22,9 @@ first forward; each forward takes its metadata from the forward context
 (its own entry, by layer name, when the model has several KV-cache groups).
 ``per_layer_sliding_window`` makes it a sliding-window layer (upstream's
 argument of the same name): its backend sees only the last that many tokens.
+With a KV connector in the forward context (Phase 15), the layer waits for
+its KV to load before attention and hands its cache to the connector to
+save after.
 """
 
 from __future__ import annotations
@@ -82,9 +85,16 @@ class Attention(nn.Module):
         -> [T, num_heads*head_size]."""
         if self.impl is None or self.kv_cache is None:
             raise RuntimeError(f"attention layer {self.layer_name!r} has no KV cache bound")
-        metadata = get_forward_context().attn_metadata
+        context = get_forward_context()
+        metadata = context.attn_metadata
         if isinstance(metadata, dict):
             metadata = metadata[self.layer_name]
+        # A KV connector loads this layer's KV before attention reads the
+        # cache and saves it after attention wrote this step's keys and
+        # values (upstream's maybe_transfer_kv_layer, kv_transfer_utils.py:15).
+        connector = context.kv_connector
+        if connector is not None and connector.has_connector_metadata():
+            connector.wait_for_layer_load(self.layer_name)
         t = query.shape[0]
         quantized = self.kv_cache_dtype.startswith("fp8")
         # BEGIN LAB 10.3: an fp8 cache stores key / k_scale and value / v_scale
@@ -106,6 +116,8 @@ class Attention(nn.Module):
             self.kv_cache,
             metadata,
         )
+        if connector is not None and connector.has_connector_metadata():
+            connector.save_kv_layer(self.layer_name, self.kv_cache, metadata)
         # BEGIN LAB 10.3: the values read back carry v_scale
         # HINT: receives quantized, out, self._v_scale_float; leaves out: attention over the
         # HINT: dequantized values (Σ p (v̂ v_scale) = (Σ p v̂) v_scale).
