@@ -79,6 +79,7 @@ class InputBatch(_reference.InputBatch):
         )
         # END LAB 05.1
         self._add_penalties_and_masks(request, req_index)
+        self._add_lora(request, req_index)
         self.batch_update_builder.added.append(
             (
                 req_index,
@@ -117,6 +118,7 @@ class InputBatch(_reference.InputBatch):
             reqs.discard(req_id)
         self.allowed_token_ids.pop(req_id, None)
         self.bad_words_token_ids.pop(req_id, None)
+        self._remove_lora(req_id, req_index)
         return req_index
 
     def condense(self) -> None:

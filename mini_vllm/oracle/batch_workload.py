@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from hypothesis import strategies as st
 
@@ -56,6 +57,8 @@ def _params():
             "logprobs": st.sampled_from([None, None, 0, 3, -1]),
             "min_tokens": st.sampled_from([0, 0, 1, 3]),
             "stop_token_ids": st.sampled_from([[], [5], [9, 5]]),
+            # Not a sampling parameter: the request's LoRA adapter (None: none).
+            "lora_id": st.sampled_from([None, None, 1, 2, 3]),
         }
     )
 
@@ -130,7 +133,9 @@ def batch_workloads(draw, max_steps: int = 8) -> BatchWorkload:
 
 
 def _copy(params: dict) -> dict:
-    """A side's own copy: SamplingParams may keep (and edit) the list it is given."""
+    """A side's own copy of the sampling parameters (SamplingParams may keep,
+    and edit, the list it is given); the LoRA id is not one of them."""
+    params = {k: v for k, v in params.items() if k != "lora_id"}
     return {**params, "stop_token_ids": list(params["stop_token_ids"])}
 
 
@@ -154,7 +159,9 @@ class MiniSide:
         )
 
     def new_state(self, req_id, prompt, params, generator, blocks, computed):
-        return self._state(
+        from mini_vllm.testing import lora_request_for
+
+        state = self._state(
             req_id=req_id,
             prompt_token_ids=list(prompt),
             sampling_params=self._params(**_copy(params)),
@@ -162,6 +169,9 @@ class MiniSide:
             block_ids=(list(blocks),),
             num_computed_tokens=computed,
         )
+        if params.get("lora_id") is not None:
+            state.lora_request = lora_request_for(params["lora_id"])
+        return state
 
     @staticmethod
     def set_blocks(state, blocks) -> None:
@@ -192,7 +202,9 @@ class UpstreamSide:
         from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
         from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
-        self._params, self._state = SamplingParams, CachedRequestState
+        from mini_vllm.oracle.upstream import lora_request_for
+
+        self._params, self._state, self._lora = SamplingParams, CachedRequestState, lora_request_for
         # Its constructor reads no config; the device and pinning are what it uses.
         self._min_tokens = MinTokensLogitsProcessor(None, UPSTREAM_DEVICE, False)
         self.batch = InputBatch(
@@ -217,6 +229,7 @@ class UpstreamSide:
             block_ids=(list(blocks),),
             num_computed_tokens=computed,
             output_token_ids=[],
+            lora_request=self._lora(params.get("lora_id")),
         )
 
     @staticmethod
@@ -289,6 +302,7 @@ def _observe(batch) -> dict:
             "top_p": float(batch.top_p_cpu[i]),
             "top_k": int(batch.top_k_cpu[i]),
             "generator seed": None if gen is None else gen.initial_seed(),
+            "lora id": int(batch.request_lora_mapping[i]),
         }
     return {
         "req_ids": list(batch.req_ids),
@@ -299,6 +313,10 @@ def _observe(batch) -> dict:
         "top_p_reqs": sorted(batch.top_p_reqs),
         "top_k_reqs": sorted(batch.top_k_reqs),
         "num_logprobs": dict(sorted(batch.num_logprobs.items())),
+        "lora requests": {
+            i: [sorted(batch.lora_id_to_request_ids[i]), r.lora_name]
+            for i, r in sorted(batch.lora_id_to_lora_request.items())
+        },
         "rows": rows,
     }
 
@@ -397,6 +415,10 @@ def run_batch_workload(side_cls, workload: BatchWorkload) -> list[tuple[str, dic
             torch.tensor(positions, dtype=torch.int64),
         )
         record(f"step {s}: compute_slot_mapping(positions {positions})", {"slot_mapping": slots})
+        sampled = np.ones(num_reqs, dtype=np.int32)
+        prompt_map, token_map, active = batch.make_lora_inputs(np.diff(qsl), sampled)
+        lora_inputs = [list(prompt_map), list(token_map), sorted(r.lora_name for r in active)]
+        record(f"step {s}: make_lora_inputs({np.diff(qsl).tolist()})", {"lora": lora_inputs})
     return trace
 
 

@@ -2,7 +2,8 @@
 
 Mirrors upstream ``vllm/v1/worker/gpu_input_batch.py`` (``InputBatch`` :91:
 ``add_request`` :335, ``remove_request`` :510, ``swap_states`` :566,
-``condense`` :683, ``refresh_metadata`` :811) at v0.22.1.
+``condense`` :683, ``refresh_metadata`` :811, ``make_lora_inputs`` :976) at
+v0.22.1.
 
 A request keeps its row from step to step, so a decode step edits a few
 numbers instead of rebuilding the batch: the runner appends the tokens it
@@ -27,7 +28,7 @@ Invariants:
 request: the batch reads it in ``add_request``, and keeps a reference to its
 ``output_token_ids`` list, which the runner extends. What is left out
 (per-token logprob requests, the thinking budget, speculative decoding,
-LoRA, pooling, prompt embeddings, ...) is listed in UPSTREAM_PIN.md. The
+pooling, prompt embeddings, ...) is listed in UPSTREAM_PIN.md. The
 sampling parameters of Phase 06 (penalties, allowed token ids, bad words)
 live outside the Lab 05.1 regions; the logits processors hear of every
 added, removed and moved row through ``batch_update_builder``.
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from mini_vllm.lora.request import LoRARequest
 from mini_vllm.sample.logits_processor import (
     BatchUpdateBuilder,
     LogitsProcessors,
@@ -66,6 +68,7 @@ class CachedRequestState:
     block_ids: tuple[list[int], ...]  # one list per KV-cache group
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
+    lora_request: LoRARequest | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -180,6 +183,12 @@ class InputBatch:
         self.allowed_token_ids: dict[str, list[int]] = {}
         self.bad_words_token_ids: dict[str, list[list[int]]] = {}
 
+        # LoRA (upstream :244-247): each row's adapter id (0: none), and per
+        # adapter id the requests in the batch that use it and its LoRARequest.
+        self.request_lora_mapping = np.zeros(max_num_reqs, dtype=np.int64)
+        self.lora_id_to_request_ids: dict[int, set[str]] = {}
+        self.lora_id_to_lora_request: dict[int, LoRARequest] = {}
+
         # The logits processors (min_p, logit_bias, custom ones), fed the
         # step's BatchUpdate by refresh_metadata.
         self.logitsprocs = logitsprocs or LogitsProcessors()
@@ -198,6 +207,7 @@ class InputBatch:
             self.frequency_penalties_cpu,
             self.presence_penalties_cpu,
             self.repetition_penalties_cpu,
+            self.request_lora_mapping,
         )
 
     @property
@@ -311,6 +321,7 @@ class InputBatch:
             )
         # END LAB 05.1
         self._add_penalties_and_masks(request, req_index)
+        self._add_lora(request, req_index)
         self.batch_update_builder.added.append(
             (
                 req_index,
@@ -337,6 +348,39 @@ class InputBatch:
             self.allowed_token_ids[req_id] = params.allowed_token_ids
         if params.bad_words_token_ids:
             self.bad_words_token_ids[req_id] = params.bad_words_token_ids
+
+    def _add_lora(self, request: CachedRequestState, req_index: int) -> None:
+        """Record the row's adapter id (0 without one), as upstream's add_request (:468-479)."""
+        if request.lora_request is None:
+            self.request_lora_mapping[req_index] = 0
+            return
+        lora_id = request.lora_request.lora_int_id
+        self.request_lora_mapping[req_index] = lora_id
+        self.lora_id_to_request_ids.setdefault(lora_id, set()).add(request.req_id)
+        self.lora_id_to_lora_request[lora_id] = request.lora_request
+
+    def _remove_lora(self, req_id: str, req_index: int) -> None:
+        """Forget the row's adapter; an adapter no request uses leaves the batch (:531-538)."""
+        lora_id = int(self.request_lora_mapping[req_index])
+        if lora_id == 0:
+            return
+        users = self.lora_id_to_request_ids[lora_id]
+        users.discard(req_id)
+        if not users:
+            del self.lora_id_to_request_ids[lora_id]
+            del self.lora_id_to_lora_request[lora_id]
+        self.request_lora_mapping[req_index] = 0
+
+    def make_lora_inputs(
+        self, num_scheduled_tokens: np.ndarray, num_sampled_tokens: np.ndarray
+    ) -> tuple[tuple[int, ...], tuple[int, ...], set[LoRARequest]]:
+        """The step's adapter ids: one per sampled token (``prompt_lora_mapping``),
+        one per scheduled token (``token_lora_mapping``), and the adapters the
+        batch uses. Row i's id is repeated over its tokens, in row order."""
+        ids = self.request_lora_mapping[: self.num_reqs]
+        prompt_lora_mapping = tuple(int(i) for i in ids.repeat(num_sampled_tokens))
+        token_lora_mapping = tuple(int(i) for i in ids.repeat(num_scheduled_tokens))
+        return prompt_lora_mapping, token_lora_mapping, set(self.lora_id_to_lora_request.values())
 
     def remove_request(self, req_id: str) -> int | None:
         """Leave a hole where ``req_id`` was; return its row (None if absent).
@@ -374,6 +418,7 @@ class InputBatch:
             reqs.discard(req_id)
         self.allowed_token_ids.pop(req_id, None)
         self.bad_words_token_ids.pop(req_id, None)
+        self._remove_lora(req_id, req_index)
         return req_index
 
     # ------------------------------------------------------- moving rows
