@@ -38,11 +38,14 @@ what a test checks):
   (test_scheduler.py) build upstream's full config from a Hugging Face model;
   they are swapped for ``mini_vllm_create_*``, which take the same keywords
   and build mini_vllm's objects the same way (``async_scheduling`` gives its
-  AsyncScheduler, ``num_speculative_tokens`` an n-gram speculative config).
+  AsyncScheduler, ``num_speculative_tokens`` an n-gram speculative config,
+  ``use_kv_connector`` a KV connector: upstream's own ``MockKVConnector``
+  for a ``MockKVConfig``, mini_vllm's ExampleConnector for True).
   mini_vllm's scheduler holds no tokenizer, so ``skip_tokenizer_init``
-  changes nothing; any other keyword for what mini_vllm leaves out (KV/EC
+  changes nothing; any other keyword for what mini_vllm leaves out (EC
   connectors, pipeline parallelism, another model, prompt logprobs,
-  multimodal inputs) raises ``MissingInMiniVllm``;
+  multimodal inputs) raises ``MissingInMiniVllm``; the ModelRunnerOutput
+  and SchedulerOutput adapters pass the KV connector's fields through;
 - mini_vllm's constructors take numbers where upstream's take a
   ``KVCacheConfig`` (UPSTREAM_PIN.md): ``KVCacheManager`` is built from the
   config's block count and block size and the config itself (any groups of
@@ -326,7 +329,6 @@ def _redirecting_import(original):
 _UNSUPPORTED_DEFAULTS = {
     "model": "facebook/opt-125m",
     "disable_chunked_mm_input": False,
-    "use_kv_connector": None,
     "pipeline_parallel_size": 1,
     "use_ec_connector": False,
     "ec_role": None,
@@ -347,12 +349,18 @@ def mini_vllm_create_scheduler(
     skip_tokenizer_init: bool = False,
     async_scheduling: bool = False,
     num_speculative_tokens: int | None = None,
+    use_kv_connector=None,
     **unsupported,
 ):
     """Upstream's ``create_scheduler`` keywords, building mini_vllm's Scheduler
     (which never holds a tokenizer, so ``skip_tokenizer_init`` changes nothing),
     its ``AsyncScheduler`` with ``async_scheduling`` and an n-gram speculative
-    config with ``num_speculative_tokens``, as upstream's helper builds them."""
+    config with ``num_speculative_tokens``, as upstream's helper builds them;
+    ``use_kv_connector`` gives it a KV connector as upstream's helper does
+    (tests/v1/core/utils.py:100-120): a ``MockKVConfig`` runs upstream's own
+    test connector (its scheduler-side methods use only what mini_vllm's
+    scheduler passes), True mini_vllm's ExampleConnector, a name that
+    registered connector."""
     for key, value in unsupported.items():
         if key not in _UNSUPPORTED_DEFAULTS:
             raise TypeError(f"create_scheduler() got an unexpected keyword argument {key!r}")
@@ -377,7 +385,27 @@ def mini_vllm_create_scheduler(
         block_size=block_size,
         max_model_len=max_model_len,
         policy=policy,
+        kv_transfer_config=_kv_transfer_config(use_kv_connector),
     )
+
+
+def _kv_transfer_config(use_kv_connector) -> dict | None:
+    if use_kv_connector is None or use_kv_connector is False:
+        return None
+    config = {"kv_role": "kv_both"}
+    if type(use_kv_connector).__name__ == "MockKVConfig":
+        config["kv_connector"] = "MockKVConnector"
+        config["kv_connector_module_path"] = "tests.v1.kv_connector.unit.utils"
+        config["kv_connector_extra_config"] = {
+            "matched_tokens": use_kv_connector.matched_tokens,
+            "is_async": use_kv_connector.is_async,
+        }
+    elif isinstance(use_kv_connector, str):
+        config["kv_connector"] = use_kv_connector
+    else:
+        config["kv_connector"] = "ExampleConnector"
+        config["kv_connector_extra_config"] = {"shared_storage_path": "local_storage"}
+    return config
 
 
 def mini_vllm_create_scheduler_with_priority(**kwargs):
@@ -539,7 +567,7 @@ def _model_runner_output():
 
     return _accepting_absent_features(
         ModelRunnerOutput,
-        ("prompt_logprobs_dict", "pooler_output", "kv_connector_output", "num_nans_in_logits"),
+        ("prompt_logprobs_dict", "pooler_output", "num_nans_in_logits"),
     )
 
 
@@ -679,7 +707,7 @@ def _scheduler_output():
 
     return _accepting_absent_features(
         SchedulerOutput,
-        ("scheduled_encoder_inputs", "free_encoder_mm_hashes", "kv_connector_metadata"),
+        ("scheduled_encoder_inputs", "free_encoder_mm_hashes"),
     )
 
 
