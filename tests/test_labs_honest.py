@@ -23,8 +23,9 @@ only the solved copy runs included.
 What runs once per phase, not three times (CI's time; each saving below
 says which run keeps the proof):
 
-- the line of upstream's own unit tests (phases 02, 03; information, not
-  points) runs on the starters and on the solved copy, where its count is
+- the line of upstream's own unit tests (information, not points; the
+  phases in the upstream suite's ``LAB_FILES``: 02, 03, 05, 06, 07, 08, 12
+  and 14) runs on the starters and on the solved copy, where its count is
   checked: all pass on the solved copy, not all on the starters (so it
   grades the student's code, not the reference's). The reference's run
   leaves it out (``--no-upstream-tests``): ``make upstream-tests``, also in

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from mini_vllm.grading import regions as R
+from mini_vllm.oracle.upstream_suite.runner import LAB_FILES
 
 
 def generate(out: Path, check: bool, force: bool) -> int:
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         "--no-upstream-tests",
         dest="upstream_tests",
         action="store_false",
-        help="leave out the line of upstream's own unit tests (information only; phases 02, 03)",
+        help="leave out the line of upstream's own unit tests (information only; phases "
+        f"{', '.join(sorted(LAB_FILES))})",
     )
     sub.add_parser("diff", help="a symbol beside upstream's (see diff --help)")
     args = parser.parse_args(argv)
