@@ -22,8 +22,9 @@ Environment adaptations (the whole list; no test body is edited):
    ``config.json`` in a private Hugging Face cache (``HF_HUB_CACHE`` under
    build/upstream-tests/, ``HF_HUB_OFFLINE=1``), holding the fields vllm's
    ``ModelConfig`` reads, with the published values. No weights, no tokenizer.
-3. einops, which a KV-connector module on the tests' import path needs, is
-   installed from tests/upstream/requirements.txt (nothing to do here).
+3. einops, which a KV-connector module on the tests' import path needs, and
+   anthropic, which upstream's tests/utils.py imports, are installed from
+   tests/upstream/requirements.txt (nothing to do here).
 4. vllm logs to stderr; upstream's custom marks (``cpu_test``...) are registered.
 5. The platform vllm finds without a GPU has no device type: tests that build
    tensors on "the platform's device" (the sampler's, the input batch's) get
@@ -66,13 +67,19 @@ what a test checks):
   ``prompt_logprobs``, ``scheduled_encoder_inputs``...) while they are empty,
   and raise ``MissingInMiniVllm`` otherwise;
 - ``SamplingMetadata`` takes upstream's fields (``spec_token_ids`` while no
-  row has drafts) and starts with no row blocked by min_tokens (mini keeps
-  that in the metadata, upstream in a logits processor the tests do not
-  build); ``InputBatch`` takes ``kernel_block_sizes`` equal to the block
-  sizes (mini's kernels use the cache's block size);
+  row has drafts, upstream's thinking-budget holder while it tracks no
+  request: kept for the test's helpers, never read by mini) and starts with
+  no row blocked by min_tokens (mini keeps that in the metadata, upstream in
+  a logits processor the tests do not build); ``SamplingParams`` reads an
+  absent ``thinking_token_budget`` as None; ``InputBatch`` takes
+  ``kernel_block_sizes`` equal to the block sizes (mini's kernels use the
+  cache's block size);
 - ``Sampler`` gets upstream's ``apply_penalties`` (mini's
   ``apply_all_penalties``) and ``apply_logits_processors`` with
   ``predict_bonus_token=False`` (mini has no drafts there);
+- ``build_logitsprocs``, which mini has in its runner (without min_tokens,
+  which its batch keeps), is built from mini's three built-ins in upstream's
+  order for the logits-processor tests;
 - names mini_vllm spells otherwise: ``apply_top_k_top_p_pytorch`` is mini's
   ``apply_top_k_top_p``, ``_find_longest_matched_ngram_and_propose_tokens``
   is ``NgramProposer(...).propose_one``; upstream's ``ConstantList`` (a
@@ -503,7 +510,13 @@ def _request():
 def _sampling_params():
     from mini_vllm.sampling_params import SamplingParams
 
-    return _accepting_absent_features(SamplingParams, ("prompt_logprobs",))
+    params_cls = _accepting_absent_features(
+        SamplingParams, ("prompt_logprobs", "thinking_token_budget")
+    )
+    # Upstream's thinking-budget holder, which the logits-processor tests
+    # build, reads this field of every added request: mini's requests have none.
+    params_cls.thinking_token_budget = None
+    return params_cls
 
 
 def _kv_cache_manager():
@@ -717,16 +730,22 @@ def _sampling_metadata():
     class UpstreamSignatureSamplingMetadata(SamplingMetadata, metaclass=_AdapterMeta):
         """mini_vllm's SamplingMetadata given upstream's fields. Upstream blocks
         min_tokens in a logits processor, mini in ``min_tokens_blocked``: a
-        test that builds no such processor gets no blocked rows."""
+        test that builds no such processor gets no blocked rows. Upstream's
+        thinking-budget holder is kept for the test's helpers while it tracks
+        no request (mini's requests cannot ask for a budget); mini's sampler
+        never reads it."""
 
-        def __init__(self, *args, spec_token_ids=None, **kwargs):
+        def __init__(self, *args, spec_token_ids=None, thinking_budget_state_holder=None, **kwargs):
             if any(spec_token_ids or ()):
                 raise MissingInMiniVllm("mini_vllm's SamplingMetadata has no spec_token_ids")
-            for name in ("logprob_token_ids", "thinking_budget_state_holder"):
-                if kwargs.pop(name, None) is not None:
-                    raise MissingInMiniVllm(f"mini_vllm's SamplingMetadata has no {name}")
+            if kwargs.pop("logprob_token_ids", None) is not None:
+                raise MissingInMiniVllm("mini_vllm's SamplingMetadata has no logprob_token_ids")
+            holder = thinking_budget_state_holder
+            if holder is not None and holder.has_tracked_requests():
+                raise MissingInMiniVllm("mini_vllm has no thinking budget")
             kwargs.setdefault("min_tokens_blocked", {})
             super().__init__(*args, **kwargs)
+            self.thinking_budget_state_holder = holder
 
     UpstreamSignatureSamplingMetadata.__name__ = "SamplingMetadata"
     return UpstreamSignatureSamplingMetadata
@@ -801,6 +820,27 @@ def _sampler():
     return UpstreamSignatureSampler
 
 
+def _build_logitsprocs():
+    lp = module_for("vllm.v1.sample.logits_processor")
+
+    def build_logitsprocs(
+        vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs=()
+    ):
+        """Upstream's builder for a generating model without drafts: mini's
+        built-ins in upstream's order (mini's runner leaves min_tokens to its
+        batch, so it builds them itself), then custom classes."""
+        if is_pooling_model:
+            raise MissingInMiniVllm("mini_vllm has no pooling models")
+        if vllm_config.speculative_config is not None:
+            raise MissingInMiniVllm("mini_vllm builds no logits processors for drafts")
+        if any(isinstance(custom, str) for custom in custom_logitsprocs):
+            raise MissingInMiniVllm("mini_vllm loads logits processors by class only")
+        classes = [*lp.BUILTIN_LOGITS_PROCESSORS, *custom_logitsprocs]
+        return lp.LogitsProcessors(cls(vllm_config, device, is_pin_memory) for cls in classes)
+
+    return build_logitsprocs
+
+
 def _find_longest_matched_ngram():
     NgramProposer = module_for("vllm.v1.spec_decode.ngram_proposer").NgramProposer
 
@@ -825,6 +865,7 @@ ADAPTER_FACTORIES = {
     ("vllm.v1.core.sched.output", "SchedulerOutput"): _scheduler_output,
     ("vllm.v1.sample.metadata", "SamplingMetadata"): _sampling_metadata,
     ("vllm.v1.sample.sampler", "Sampler"): _sampler,
+    ("vllm.v1.sample.logits_processor", "build_logitsprocs"): _build_logitsprocs,
     ("vllm.v1.worker.gpu_input_batch", "InputBatch"): _input_batch,
     ("vllm.v1.worker.gpu_input_batch", "CachedRequestState"): _cached_request_state,
     ("vllm.v1.spec_decode.ngram_proposer", "_find_longest_matched_ngram_and_propose_tokens"): (

@@ -45,16 +45,28 @@ FILES = [
     "tests/v1/sample/test_sampler.py",
     "tests/v1/sample/test_topk_topp_sampler.py",
     "tests/v1/sample/test_batched_count_greater_than.py",
+    "tests/v1/logits_processors/test_correctness.py",
     "tests/v1/spec_decode/test_ngram.py",
     "tests/v1/core/test_async_scheduler.py",
     "tests/v1/structured_output/test_utils.py",
     "tests/v1/structured_output/test_backend_guidance.py",
     "tests/v1/structured_output/test_reasoning_structured_output.py",
 ]
-# Valid tests that take most of a minute each on this CPU (a batch of 1024 rows
-# over a 128K vocabulary): run in the deep tier (MINI_VLLM_TIER=deep, the
-# default outside `make test`), left out of the fast one on both sides.
-SLOW = ["tests/v1/sample/test_topk_topp_sampler.py::test_topk_impl_equivalence"]
+# Valid tests that take most of a minute each on this CPU: run in the deep tier
+# (MINI_VLLM_TIER=deep, the default outside `make test`), left out of the fast
+# one on both sides. top-k: a batch of 1024 rows over a 128K vocabulary; the
+# logits processors: logit_bias's check walks every biased token of every row
+# at every step in Python (their min_p and min_tokens cases stay fast).
+_LOGITSPROCS = "tests/v1/logits_processors/test_correctness.py::test_logitsprocs"
+SLOW = [
+    "tests/v1/sample/test_topk_topp_sampler.py::test_topk_impl_equivalence",
+    f"{_LOGITSPROCS}[logitsprocs_under_test1-50-cpu:0]",
+    f"{_LOGITSPROCS}[logitsprocs_under_test4-50-cpu:0]",
+]
+# Files whose tests fork a child each (upstream's create_new_process_for_each_test):
+# they run in a pytest of their own, since a child forked from a process whose
+# earlier tests started torch's CPU threads can hang.
+ALONE = ["tests/v1/logits_processors/test_correctness.py"]
 SCOPE = Path(__file__).with_name("scope.toml")
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
@@ -62,8 +74,18 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]
 def run_pytest(
     target: str, node_ids: list[str], extra: tuple[str, ...] = (), timeout: float | None = None
 ) -> dict:
-    """{node id: outcome} for ``node_ids`` run against ``target``. Past ``timeout``
-    seconds (or on Ctrl-C) the run and every process it started are killed."""
+    """{node id: outcome} for ``node_ids`` run against ``target``: the files in
+    ``ALONE`` in a pytest of their own, the rest in one. Past ``timeout``
+    seconds (or on Ctrl-C) a run and every process it started are killed."""
+    alone = [node for node in node_ids if node.split("::")[0] in ALONE]
+    rest = [node for node in node_ids if node not in alone]
+    results = _run_pytest(target, rest, extra, timeout)
+    return {**results, **_run_pytest(target, alone, extra, timeout)}
+
+
+def _run_pytest(
+    target: str, node_ids: list[str], extra: tuple[str, ...], timeout: float | None
+) -> dict:
     if not node_ids:
         return {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,33 @@
+"""How ``make upstream-tests`` splits its pytest runs.
+
+Upstream's tests/v1/logits_processors/test_correctness.py forks a child for
+each test. Run in the same pytest as files whose tests used torch on the CPU
+first, the child hung on a lock (0 s of CPU, in futex_wait) and the suite never
+finished; in a pytest of its own it passes. Needs neither the pinned vllm nor
+upstream's tests: the pytest runs are recorded, not started.
+"""
+
+from __future__ import annotations
+
+from mini_vllm.oracle.upstream_suite import runner
+
+FORKING = "tests/v1/logits_processors/test_correctness.py"
+
+
+def test_files_that_fork_run_in_a_pytest_of_their_own(monkeypatch):
+    runs = []
+
+    def record(target, node_ids, extra, timeout):
+        runs.append(list(node_ids))
+        return {node: "passed" for node in node_ids}
+
+    monkeypatch.setattr(runner, "_run_pytest", record)
+    nodes = [
+        "tests/v1/sample/test_sampler.py::test_sampler_min_p",
+        f"{FORKING}::test_logitsprocs[logitsprocs_under_test0-50-cpu:0]",
+        "tests/v1/core/test_scheduler.py::test_add_requests",
+    ]
+    results = runner.run_pytest("vllm", nodes)
+    assert FORKING in runner.ALONE and FORKING in runner.FILES
+    assert [nodes[0], nodes[2]] in runs and [nodes[1]] in runs, runs
+    assert set(results) == set(nodes)
