@@ -50,3 +50,107 @@ def test_lora_request_must_be_a_lora_request():
 def test_lora_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         LoRAConfig(**kwargs).verify()
+
+
+# ------------------------------------------------------------ the adapter LRU
+
+
+def _tiny_model():
+    """model.layers.0.self_attn.qkv_proj (q/k/v shards) and .mlp.down_proj."""
+    from torch import nn
+
+    from mini_vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+
+    layer = nn.Module()
+    layer.self_attn = nn.Module()
+    layer.self_attn.qkv_proj = QKVParallelLinear(8, 2, 2, 1)
+    layer.mlp = nn.Module()
+    layer.mlp.down_proj = RowParallelLinear(8, 8)
+    model = nn.Module()
+    model.model = nn.Module()
+    model.model.layers = nn.ModuleList([layer])
+    for p in model.parameters():
+        nn.init.normal_(p)
+    return model
+
+
+def _adapter(lora_id: int):
+    import torch
+
+    from mini_vllm.lora.lora_model import LoRALayerWeights, LoRAModel
+
+    g = torch.Generator().manual_seed(lora_id)
+    name = "model.layers.0.self_attn.k_proj"
+    weights = LoRALayerWeights(
+        name, 2, torch.randn(2, 8, generator=g), torch.randn(2, 2, generator=g)
+    )
+    return LoRAModel(lora_id, 2, {name: weights})
+
+
+def _manager(max_loras: int, max_cpu_loras: int):
+    import torch
+
+    from mini_vllm.lora.model_manager import LRUCacheLoRAModelManager
+
+    config = LoRAConfig(max_lora_rank=8, max_loras=max_loras, max_cpu_loras=max_cpu_loras)
+    config.verify()
+    return LRUCacheLoRAModelManager(_tiny_model(), config, torch.float32, "cpu")
+
+
+def test_active_adapters_evict_the_least_recently_used_slot():
+    manager = _manager(max_loras=2, max_cpu_loras=4)
+    for i in (1, 2, 3):
+        manager.add_adapter(_adapter(i))
+    assert manager.activate_adapter(1) and manager.activate_adapter(2)
+    assert not manager.activate_adapter(1)  # already in a slot: only touched
+    assert manager.activate_adapter(3)  # evicts 2, the least recently used
+    assert manager.lora_index_to_id == [1, 3]
+    layer = manager.modules["model.layers.0.self_attn.qkv_proj"]
+    # adapter 3 sits in slot 1, in the k shard only (rows past rank 2 stay zero)
+    assert layer.lora_a_stacked[1][1, 0, :2].equal(
+        _adapter(3).loras["model.layers.0.self_attn.k_proj"].lora_a
+    )
+    assert not layer.lora_a_stacked[1][1, 0, 2:].any()
+    assert not layer.lora_a_stacked[0][1].any() and not layer.lora_a_stacked[2][1].any()
+    # the spare last slot, used by rows without an adapter, is never written
+    assert not any(t[-1].any() for t in layer.lora_a_stacked + layer.lora_b_stacked)
+
+
+def test_host_cache_evicts_the_least_recently_used_adapter_and_its_slot():
+    manager = _manager(max_loras=1, max_cpu_loras=2)
+    manager.add_adapter(_adapter(1))
+    manager.add_adapter(_adapter(2))
+    manager.activate_adapter(1)
+    assert not manager.add_adapter(_adapter(1))  # touched: 2 is now the oldest
+    manager.add_adapter(_adapter(3))
+    assert sorted(manager.list_adapters()) == [1, 3]
+    manager.add_adapter(_adapter(2))  # evicts 1, which leaves its slot too
+    assert sorted(manager.list_adapters()) == [2, 3]
+    assert manager.lora_index_to_id == [None]
+    layer = manager.modules["model.layers.0.self_attn.qkv_proj"]
+    assert not any(t.any() for t in layer.lora_a_stacked + layer.lora_b_stacked)
+
+
+def test_one_forward_adds_each_rows_adapter_and_nothing_to_base_rows():
+    import torch
+
+    manager = _manager(max_loras=2, max_cpu_loras=2)
+    model = manager.model
+    layer = manager.modules["model.layers.0.self_attn.qkv_proj"]
+    x = torch.randn(5, 8)
+    base = layer.base_layer(x)
+    requests = [_request(1), _request(2)]
+    manager.add_adapter(_adapter(1))
+    manager.add_adapter(_adapter(2))
+    manager.set_active_adapters(requests, [1, 1, 0, 2, 0])
+    y = model.model.layers[0].self_attn.qkv_proj(x)
+    for row, lora_id in enumerate([1, 1, 0, 2, 0]):
+        want = base[row].clone()
+        if lora_id:
+            w = _adapter(lora_id).loras["model.layers.0.self_attn.k_proj"]
+            want[4:6] += w.lora_b @ (w.lora_a @ x[row])
+        torch.testing.assert_close(y[row], want)
+
+
+def _request(lora_id: int):
+    return LoRARequest(f"lora-{lora_id}", lora_id, "/unused")

@@ -80,6 +80,9 @@ class GPUModelRunner(_reference.GPUModelRunner):
         )
         # END LAB 05.3
 
+        # The adapter a new request runs with (LoRA, Phase 11).
+        for new_req in scheduler_output.scheduled_new_reqs:
+            self.requests[new_req.req_id].lora_request = new_req.lora_request
         # New and returning requests fill the lowest holes first.
         for state in reqs_to_add:
             batch.add_request(state)

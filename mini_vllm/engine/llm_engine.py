@@ -111,12 +111,6 @@ class LLMEngine:
                 quantization=model_config.quantization,
             )
         self.model, self.hf_config, self.tokenizer = loaded
-        if vllm_config.lora_config is not None:
-            # Phase 11 grows the model side next; until then refuse, rather
-            # than run LoRA requests on the base weights.
-            raise NotImplementedError(
-                "lora_config: mini_vllm's model runner cannot apply LoRA adapters yet."
-            )
         model_config.verify_max_model_len(self.hf_config)
         self.engine_core = EngineCore(
             vllm_config, self.model, self.device, self.dtype, backend, tokenizer=self.tokenizer
@@ -170,6 +164,8 @@ class LLMEngine:
         prompt_text, request = self.input_processor.process_inputs(
             request_id, prompt, params, arrival_time, priority, lora_request
         )
+        if request.lora_request is not None:
+            self._check_adapter(request.lora_request)
         try:
             self.output_processor.add_request(
                 request_id,
@@ -183,6 +179,15 @@ class LLMEngine:
             # The id was new (checked above): whatever state it has is this request's.
             self.output_processor.abort_requests([request_id])
             raise
+
+    def _check_adapter(self, lora_request) -> None:
+        """Read an adapter the runner does not hold yet, so that a bad one (a
+        missing file, a rank above max_lora_rank, a module the model lacks)
+        fails this request with a ValueError before it is queued; upstream
+        finds out in the worker, at the adapter's first step."""
+        manager = self.engine_core.model_runner.lora_manager
+        if lora_request.lora_int_id not in manager.list_adapters():
+            manager.load_adapter(lora_request)
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Abort from the user: forget in the front end, then free in EngineCore."""

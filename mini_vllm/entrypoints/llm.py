@@ -33,6 +33,7 @@ from mini_vllm.config import (
     CacheConfig,
     DeviceConfig,
     KVTransferConfig,
+    LoRAConfig,
     ModelConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -47,6 +48,7 @@ from mini_vllm.engine.llm_engine import (
     verify_kv_cache_dtype,
 )
 from mini_vllm.entrypoints.chat_utils import parse_chat_messages
+from mini_vllm.lora.request import LoRARequest
 from mini_vllm.outputs import RequestOutput
 from mini_vllm.sampling_params import SamplingParams
 
@@ -94,6 +96,10 @@ class LLM:
         logprobs_mode: str = "raw_logprobs",
         speculative_config: dict | None = None,
         kv_transfer_config: dict | None = None,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_lora_rank: int = 16,
+        max_cpu_loras: int | None = None,
     ) -> None:
         from mini_vllm.model_executor.layers.quantization import verify_quantization
         from mini_vllm.model_executor.model_loader import find_checkpoint, load_model
@@ -102,6 +108,10 @@ class LLM:
         verify_logprobs_mode(logprobs_mode)
         verify_quantization(quantization)
         CacheConfig(cache_dtype=kv_cache_dtype).verify()
+        lora_config = None
+        if enable_lora:  # upstream's EngineArgs: a LoRAConfig only with enable_lora
+            lora_config = LoRAConfig(max_lora_rank, max_loras, max_cpu_loras)
+            lora_config.verify()
         # e.g. {"method": "ngram", "num_speculative_tokens": 3,
         # "prompt_lookup_min": 2, "prompt_lookup_max": 4}, as upstream's.
         spec_config = (
@@ -172,6 +182,7 @@ class LLM:
             attention_config=AttentionConfig(backend=attention_backend),
             speculative_config=spec_config,
             kv_transfer_config=kv_config,
+            lora_config=lora_config,
         )
         self.llm_engine = LLMEngine(config, loaded)
         self.request_counter = itertools.count()
@@ -185,11 +196,13 @@ class LLM:
         prompts,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order.
 
         ``prompts``: a string, a ``{"prompt_token_ids": [...]}`` dict, or a
-        list of either. ``sampling_params``: one for all, or one per prompt.
+        list of either. ``sampling_params``: one for all, or one per prompt;
+        ``lora_request`` too (None: the base model; needs ``enable_lora``).
         A prompt that is rejected raises before anything runs. On any
         exception (Ctrl-C included) every request of this call is aborted.
         """
@@ -206,6 +219,10 @@ class LLM:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params.")
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            lora_request = [lora_request] * len(prompts)
+        if len(lora_request) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(lora_request)} lora requests.")
         if not self._generate_lock.acquire(blocking=False):
             raise RuntimeError(
                 "LLM.generate is already running in another thread: an LLM runs one "
@@ -214,9 +231,9 @@ class LLM:
         engine = self.llm_engine
         ids: list[str] = []
         try:
-            for prompt, params in zip(prompts, sampling_params, strict=True):
+            for prompt, params, lora in zip(prompts, sampling_params, lora_request, strict=True):
                 ids.append(str(next(self.request_counter)))
-                engine.add_request(ids[-1], prompt, params)
+                engine.add_request(ids[-1], prompt, params, lora_request=lora)
             return self._run_engine(ids, use_tqdm)
         except BaseException as e:
             # The ids include one whose add_request was cut short: the engine

@@ -6,7 +6,7 @@ Mirrors upstream ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``
 :3481, ``_bookkeeping_sync`` :3512, ``execute_model`` :3955,
 ``take_draft_token_ids`` :4637, ``propose_draft_token_ids`` :4750) at v0.22.1.
 Left out: CUDA graphs and the padding they need, async scheduling and async
-output copies, draft-model and EAGLE speculation, LoRA, multimodal, pooling,
+output copies, draft-model and EAGLE speculation, multimodal, pooling,
 prompt logprobs, pipeline parallelism; see UPSTREAM_PIN.md.
 
 One step:
@@ -67,6 +67,7 @@ from mini_vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from mini_vllm.forward_context import get_forward_context, set_forward_context
 from mini_vllm.kv_cache_interface import KVCacheConfig
+from mini_vllm.lora.model_manager import LRUCacheLoRAModelManager
 from mini_vllm.outputs import (
     EMPTY_MODEL_RUNNER_OUTPUT,
     DraftTokenIds,
@@ -158,6 +159,13 @@ class GPUModelRunner:
             )
             self.kv_connector.register_kv_caches(
                 {layer.layer_name: layer.kv_cache for layer in model.attention_layers()}
+            )
+        # LoRA (Phase 11): the adaptable layers wrapped, adapters in slots
+        # (upstream's LoRAModelRunnerMixin.load_lora_model).
+        self.lora_manager: LRUCacheLoRAModelManager | None = None
+        if vllm_config.lora_config is not None:
+            self.lora_manager = LRUCacheLoRAModelManager(
+                model, vllm_config.lora_config, next(model.parameters()).dtype, self.device
             )
         # N-gram speculation: the proposer drafts after each step, the
         # rejection sampler verifies the drafts the next step.
@@ -278,6 +286,9 @@ class GPUModelRunner:
                 batch.block_table.append_row(new_block_ids, req_index)
         # END LAB 05.3
 
+        # The adapter a new request runs with (LoRA, Phase 11).
+        for new_req in scheduler_output.scheduled_new_reqs:
+            self.requests[new_req.req_id].lora_request = new_req.lora_request
         # New and returning requests fill the lowest holes first.
         for state in reqs_to_add:
             batch.add_request(state)
@@ -588,6 +599,8 @@ class GPUModelRunner:
             [scheduler_output.num_scheduled_tokens[r] for r in req_ids], dtype=np.int32
         )
         inputs = self._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        if self.lora_manager is not None:
+            self.set_active_loras(num_scheduled_tokens)
 
         start = time.perf_counter()
         with (
@@ -614,6 +627,16 @@ class GPUModelRunner:
             logprobs=logprobs,
             kv_connector_output=kv_connector_output,
         )
+
+    def set_active_loras(self, num_scheduled_tokens: np.ndarray) -> None:
+        """Each token's adapter, in the batch's row order, to the LoRA layers
+        (upstream's LoRAModelRunnerMixin.set_active_loras,
+        vllm/v1/worker/lora_model_runner_mixin.py:73)."""
+        sampled = np.ones_like(num_scheduled_tokens)
+        _, token_lora_mapping, lora_requests = self.input_batch.make_lora_inputs(
+            num_scheduled_tokens, sampled
+        )
+        self.lora_manager.set_active_adapters(lora_requests, token_lora_mapping)
 
     def _maybe_kv_connector_output(self, scheduler_output: SchedulerOutput):
         """``_kv_connector_output`` with a connector; else yields None

@@ -1,0 +1,161 @@
+"""Which adapters sit in the layers' slots, and which stay loaded on the host.
+
+Mirrors upstream ``vllm/lora/model_manager.py`` at v0.22.1 (``LoRAModelManager``
+:64: ``activate_adapter`` :285, ``_deactivate_adapter`` :326,
+``_create_lora_modules`` :375; ``LRUCacheLoRAModelManager`` :1163:
+``add_adapter`` :1196, ``activate_adapter`` :1208) and, in
+``set_active_adapters``, the worker's side of it
+(``LRUCacheWorkerLoRAManager._apply_adapters``, vllm/lora/worker_manager.py).
+Left out: pinning, dummy adapters for warm-up, multimodal and MoE modules,
+tensor parallelism.
+
+Two LRU caches: ``max_cpu_loras`` adapters kept loaded (``_registered_adapters``)
+and ``max_loras`` of them in the layers' slots (``_active_adapters``,
+``lora_index_to_id`` says which slot holds which adapter id). Activating an
+adapter that is not in a slot takes the first free slot, after evicting the
+least recently used active adapter when all are taken; the scheduler's
+``max_loras`` limit guarantees that a step's adapters all fit.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from mini_vllm.lora.layers import BaseLinearLayerWithLoRA
+from mini_vllm.lora.lora_model import LoRAModel
+from mini_vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+from mini_vllm.lora.request import LoRARequest
+
+# The model's fused layers and the PEFT modules (Hugging Face names) each
+# holds, in shard order (upstream's ``packed_modules_mapping`` of Llama).
+PACKED_MODULES_MAPPING = {
+    "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+    "gate_up_proj": ["gate_proj", "up_proj"],
+}
+# The modules an adapter may target, by their Hugging Face names.
+SUPPORTED_LORA_MODULES = {
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+}
+
+
+class LRUCacheLoRAModelManager:
+    def __init__(self, model: nn.Module, lora_config, dtype: torch.dtype, device) -> None:
+        self.model = model
+        self.lora_config = lora_config
+        self.lora_slots = lora_config.max_loras
+        self.capacity = lora_config.max_cpu_loras
+        self.dtype = dtype
+        self.lora_index_to_id: list[int | None] = [None] * self.lora_slots
+        self.punica_wrapper = PunicaWrapperCPU()
+        self._registered_adapters: OrderedDict[int, LoRAModel] = OrderedDict()
+        self._active_adapters: OrderedDict[int, None] = OrderedDict()
+        self.modules: dict[str, BaseLinearLayerWithLoRA] = {}
+        self._create_lora_modules(device)
+
+    def _create_lora_modules(self, device) -> None:
+        """Wrap every adaptable linear layer of the model in place."""
+        names = [
+            name
+            for name, module in self.model.named_modules()
+            if name.rsplit(".", 1)[-1] in (*PACKED_MODULES_MAPPING, *SUPPORTED_LORA_MODULES)
+            and hasattr(module, "output_sizes")
+        ]
+        for name in names:
+            parent_name, _, child = name.rpartition(".")
+            parent = self.model.get_submodule(parent_name)
+            layer = BaseLinearLayerWithLoRA(getattr(parent, child))
+            layer.create_lora_weights(
+                self.lora_slots, self.lora_config.max_lora_rank, self.dtype, device
+            )
+            layer.punica_wrapper = self.punica_wrapper
+            setattr(parent, child, layer)
+            self.modules[name] = layer
+
+    def load_adapter(self, lora_request: LoRARequest) -> LoRAModel:
+        """Read and check the adapter's PEFT folder (ValueError, one line, if bad)."""
+        return LoRAModel.from_local_checkpoint(
+            lora_request.lora_path,
+            SUPPORTED_LORA_MODULES,
+            lora_request.lora_int_id,
+            self.lora_config.max_lora_rank,
+            self.dtype,
+        )
+
+    def add_adapter(self, lora: LoRAModel) -> bool:
+        """Keep ``lora`` loaded on the host (evicting the least recently used
+        when ``max_cpu_loras`` are); False if it already was (it is touched)."""
+        if lora.id in self._registered_adapters:
+            self._registered_adapters.move_to_end(lora.id)
+            return False
+        if len(self._registered_adapters) >= self.capacity:
+            oldest = next(iter(self._registered_adapters))
+            self.remove_adapter(oldest)
+        self._registered_adapters[lora.id] = lora
+        return True
+
+    def remove_adapter(self, adapter_id: int) -> bool:
+        self.deactivate_adapter(adapter_id)
+        return self._registered_adapters.pop(adapter_id, None) is not None
+
+    def activate_adapter(self, lora_id: int) -> bool:
+        """Put a registered adapter in a slot; False if it already had one (it is touched)."""
+        if lora_id in self._active_adapters:
+            self._active_adapters.move_to_end(lora_id)
+            return False
+        if len(self._active_adapters) >= self.lora_slots:
+            self.deactivate_adapter(next(iter(self._active_adapters)))
+        index = self.lora_index_to_id.index(None)
+        lora = self._registered_adapters[lora_id]
+        self.lora_index_to_id[index] = lora_id
+        self._active_adapters[lora_id] = None
+        for name, module in self.modules.items():
+            module.set_lora(index, *self._get_lora_layer_weights(lora, name))
+        return True
+
+    def deactivate_adapter(self, adapter_id: int) -> bool:
+        if adapter_id not in self._active_adapters:
+            return False
+        del self._active_adapters[adapter_id]
+        index = self.lora_index_to_id.index(adapter_id)
+        self.lora_index_to_id[index] = None
+        for module in self.modules.values():
+            module.reset_lora(index)
+        return True
+
+    def _get_lora_layer_weights(self, lora: LoRAModel, module_name: str):
+        """Per shard of the module, the adapter's (lora_a, lora_b) or None."""
+        parent, _, child = module_name.rpartition(".")
+        parts = PACKED_MODULES_MAPPING.get(child, [child])
+        found = [lora.get_lora(f"{parent}.{part}") for part in parts]
+        return [w and w.lora_a for w in found], [w and w.lora_b for w in found]
+
+    def set_active_adapters(
+        self, lora_requests: Iterable[LoRARequest], token_lora_mapping: Sequence[int]
+    ) -> None:
+        """Make the step's adapters active (loading any the host lacks) and
+        give the layers each token's slot."""
+        requests = list(lora_requests)
+        if len(requests) > self.lora_slots:
+            raise RuntimeError(
+                f"{len(requests)} adapters in one step, but max_loras={self.lora_slots}."
+            )
+        for request in requests:
+            if request.lora_int_id not in self._registered_adapters:
+                self.add_adapter(self.load_adapter(request))
+            else:
+                self._registered_adapters.move_to_end(request.lora_int_id)
+            self.activate_adapter(request.lora_int_id)
+        self.punica_wrapper.update_metadata(token_lora_mapping, self.lora_index_to_id)
+
+    def list_adapters(self) -> dict[int, LoRAModel]:
+        return dict(self._registered_adapters)
