@@ -56,17 +56,22 @@ def _randomize(model, seed: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory):
-    """{name: (PEFT folder, {prompt: transformers + peft greedy tokens})}, and the base's."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def adapters(tmp_path_factory, smollm2_hf):
+    """(GGUF path, prompt ids, the base model's greedy tokens, {name: (PEFT
+    folder, {prompt: transformers + peft greedy tokens})})."""
+    import copy
 
-    from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+    from transformers import AutoTokenizer
 
-    path = smollm2_gguf_path()
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    from mini_vllm.model_executor.model_loader.gguf_cache import cached_gguf
+
+    path, shared = smollm2_hf
+    cached = cached_gguf(path)  # the converted tokenizer, seconds faster than the GGUF's
+    if cached is not None and cached[2] is not None:
+        tok = AutoTokenizer.from_pretrained(str(cached[2]))
+    else:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    hf = copy.deepcopy(shared)  # peft edits the modules it wraps: never the shared model
     ids = {p: tok(p)["input_ids"] for p in PROMPTS}
     base = {p: hf_greedy(hf, ids[p], N_TOKENS) for p in PROMPTS}
     out = {}
