@@ -26,7 +26,7 @@ def connector_plans(draw, prompt_len: int) -> dict:
         "async": draw(st.booleans()),
         "unknown": draw(st.sampled_from([0, 0, 0, 1, 2])),
         "delay": draw(st.sampled_from([0, 1, 1, 2, 3])),
-        "fail": draw(st.none() | st.none() | st.integers(0, 8)),
+        "fail": draw(st.none() | st.none() | st.lists(st.integers(0, 8), min_size=1, max_size=3)),
         "save": draw(st.none() | st.sampled_from([0, 1, 2, 3])),
     }
 
@@ -37,14 +37,27 @@ def connector_workloads(draw) -> Workload:
     config = workload.config
     if draw(st.booleans()):
         # A tight pool: one max_model_len request and a few blocks more, so
-        # that loads and saves meet preemption.
+        # that loads and saves meet preemption (widened below for async loads).
         min_blocks = cdiv(config["max_model_len"], config["block_size"]) + 1
         config["num_blocks"] = min_blocks + draw(st.integers(0, 3))
     plan = {}
     for spec in workload.requests:
         if draw(st.integers(0, 4)) > 0:
             plan[spec.req_id] = draw(connector_plans(len(spec.prompt_token_ids)))
+    # A request waiting for its KV holds its blocks and cannot be preempted:
+    # with a pool that fits only one max_model_len request, upstream's
+    # scheduler can preempt a running request forever while a load holds the
+    # rest. The pool also fits every asynchronous load at once.
+    held = sum(
+        cdiv(len(spec.prompt_token_ids), config["block_size"])
+        for spec in workload.requests
+        if plan.get(spec.req_id, {}).get("async")
+    )
+    min_blocks = cdiv(config["max_model_len"], config["block_size"]) + 1
+    config["num_blocks"] = max(config["num_blocks"], min_blocks + held)
     workload.config["kv_connector_plan"] = plan
+    # Every generated workload ends in a few hundred steps; fail fast if not.
+    workload.max_steps = 3000
     workload.config["kv_load_failure_policy"] = draw(st.sampled_from(["recompute", "fail"]))
     workload.name = f"connector-{workload.name}"
     return workload

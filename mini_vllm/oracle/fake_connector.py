@@ -19,9 +19,9 @@ base, loaded through ``kv_connector_module_path``). Its ``plan`` (in
 - ``unknown``: how many first queries answer ``None`` ("ask again");
 - ``delay``: steps until an asynchronous load is reported done (0: the
   step that scheduled it);
-- ``fail``: which of the loaded blocks fails (index, modulo their count),
-  reported with the request's first load (None: none fails; a retry loads
-  cleanly, as a store that dropped a corrupt entry);
+- ``fail``: which of the loaded blocks fail (indexes, modulo their count;
+  an int is one index), reported with the request's first load (None: none
+  fails; a retry loads cleanly, as a store that dropped a corrupt entry);
 - ``save``: when set, ``request_finished`` keeps the blocks for a save
   reported done that many steps after it starts.
 
@@ -47,7 +47,7 @@ class FakeLoad:
     block_ids: list[int]
     is_async: bool
     delay: int
-    fail: int | None
+    fail: list[int] | None
 
 
 @dataclass
@@ -123,6 +123,8 @@ class FakeConnectorLogic:
         if is_async:
             self._loading.add(req_id)
         fail = None if req_id in self._loaded_once else plan["fail"]
+        if isinstance(fail, int):
+            fail = [fail]
         self._loaded_once.add(req_id)
         self._meta.loads.append(
             FakeLoad(req_id, list(block_ids[first:last]), is_async, plan["delay"], fail)
@@ -190,9 +192,9 @@ class FakeWorker:
             done = step + (load.delay if load.is_async else 0)
             if load.is_async:
                 self.due.setdefault(done, []).append(("recving", load.req_id))
-            if load.fail is not None and load.block_ids:
-                bad = load.block_ids[load.fail % len(load.block_ids)]
-                self.failing.setdefault(done, set()).add(bad)
+            if load.fail and load.block_ids:
+                bad = {load.block_ids[i % len(load.block_ids)] for i in load.fail}
+                self.failing.setdefault(done, set()).update(bad)
         for save in meta.saves if meta is not None else ():
             self.due.setdefault(step + save.delay, []).append(("sending", save.req_id))
         events = self.due.pop(step, [])
