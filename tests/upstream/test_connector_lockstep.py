@@ -116,9 +116,15 @@ def test_generated_connector_workloads_reach_every_path(counts):
     total = counts.get("connector lockstep examples", 0)
     if total < 40:
         pytest.skip("too few connector lockstep examples ran to judge coverage")
+    # Preemption needs a tight pool and long outputs: at the fast tier's 60
+    # examples it may not come up (upstream's own
+    # test_kv_connector_handles_preemption, in make upstream-tests, covers it).
+    optional = {"preemptions"} if total < 200 else set()
     missing = [
         key
         for key in counts
-        if key.startswith("connector lockstep examples with ") and counts[key] == 0
+        if key.startswith("connector lockstep examples with ")
+        and counts[key] == 0
+        and key.removeprefix("connector lockstep examples with ") not in optional
     ]
     assert not missing, counts
