@@ -3,8 +3,9 @@
 Upstream's tests/v1/logits_processors/test_correctness.py forks a child for
 each test. Run in the same pytest as files whose tests used torch on the CPU
 first, the child hung on a lock (0 s of CPU, in futex_wait) and the suite never
-finished; in a pytest of its own it passes. Needs neither the pinned vllm nor
-upstream's tests: the pytest runs are recorded, not started.
+finished; in a pytest of its own it passes. tests/v1/sample/test_rejection_sampler.py
+needs Triton's interpreter, which the other files must not see. Needs neither
+the pinned vllm nor upstream's tests: the pytest runs are recorded, not started.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 from mini_vllm.oracle.upstream_suite import runner
 
 FORKING = "tests/v1/logits_processors/test_correctness.py"
+KERNELS = "tests/v1/sample/test_rejection_sampler.py"
 
 
-def test_files_that_fork_run_in_a_pytest_of_their_own(monkeypatch):
+def test_files_that_fork_or_need_the_interpreter_run_in_a_pytest_of_their_own(monkeypatch):
     runs = []
 
-    def record(target, node_ids, extra, timeout):
-        runs.append(list(node_ids))
+    def record(target, node_ids, extra, timeout, env=None):
+        runs.append((list(node_ids), env or {}))
         return {node: "passed" for node in node_ids}
 
     monkeypatch.setattr(runner, "_run_pytest", record)
@@ -26,8 +28,11 @@ def test_files_that_fork_run_in_a_pytest_of_their_own(monkeypatch):
         "tests/v1/sample/test_sampler.py::test_sampler_min_p",
         f"{FORKING}::test_logitsprocs[logitsprocs_under_test0-50-cpu:0]",
         "tests/v1/core/test_scheduler.py::test_add_requests",
+        f"{KERNELS}::test_perfect_match",
     ]
     results = runner.run_pytest("vllm", nodes)
-    assert FORKING in runner.ALONE and FORKING in runner.FILES
-    assert [nodes[0], nodes[2]] in runs and [nodes[1]] in runs, runs
+    assert {FORKING, KERNELS} <= set(runner.ALONE) and {FORKING, KERNELS} <= set(runner.FILES)
+    assert ([nodes[0], nodes[2]], {}) in runs, runs
+    assert ([nodes[1]], {}) in runs, runs
+    assert ([nodes[3]], {"TRITON_INTERPRET": "1"}) in runs, runs
     assert set(results) == set(nodes)

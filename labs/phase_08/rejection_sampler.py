@@ -59,7 +59,10 @@ def rejection_sample(
     output_token_ids = torch.full(
         (batch_size, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device
     )  # [batch, max_spec_len + 1]
-    is_greedy = (sampling_metadata.temperature == GREEDY_TEMPERATURE).tolist()  # [batch]
+    if sampling_metadata.all_greedy:  # temperature is not read, as upstream
+        is_greedy = [True] * batch_size
+    else:
+        is_greedy = (sampling_metadata.temperature == GREEDY_TEMPERATURE).tolist()  # [batch]
     starts = [
         int(c) - n for c, n in zip(cu_num_draft_tokens.tolist(), num_draft_tokens, strict=True)
     ]

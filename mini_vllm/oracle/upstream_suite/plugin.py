@@ -31,6 +31,10 @@ Environment adaptations (the whole list; no test body is edited):
    ``current_platform.device_type = "cpu"`` (so ``device_count()`` is
    torch.cpu's, 1, and they run on ``cpu:0``), and no pinned memory (pinning
    needs a CUDA driver; vLLM's CPU platform answers the same).
+6. Under ``TRITON_INTERPRET=1`` (the runner sets it for the rejection
+   sampler's file only: ``runner.ALONE``) the real Triton goes back into
+   ``vllm.triton_utils``, where vLLM put placeholders when it found no GPU
+   driver, so upstream's kernels run under Triton's interpreter.
 
 Adapters, for ``mini_vllm`` only (they change how objects are built, never
 what a test checks):
@@ -77,6 +81,13 @@ what a test checks):
 - ``Sampler`` gets upstream's ``apply_penalties`` (mini's
   ``apply_all_penalties``) and ``apply_logits_processors`` with
   ``predict_bonus_token=False`` (mini has no drafts there);
+- ``RejectionSampler.forward`` runs with the globals of the module the test
+  imports (a starter re-exports the reference class, whose ``forward`` would
+  call the reference's ``rejection_sample``);
+- ``SamplerOutput`` takes an absent ``logprobs_tensors``;
+  ``sample_recovered_tokens`` takes upstream's arguments (the lengths and
+  device mini reads from the others) and draft ids of any shape, as
+  upstream's kernel reads them by position;
 - ``build_logitsprocs``, which mini has in its runner (without min_tokens,
   which its batch keeps), is built from mini's three built-ins in upstream's
   order for the logits-processor tests;
@@ -140,6 +151,7 @@ MODULE_MAP = {
     "vllm.v1.worker.block_table": "mini_vllm.worker.block_table",
     "vllm.v1.sample.metadata": "mini_vllm.sample.metadata",
     "vllm.v1.sample.sampler": "mini_vllm.sample.sampler",
+    "vllm.v1.sample.rejection_sampler": "mini_vllm.sample.rejection_sampler",
     "vllm.v1.sample.logits_processor": "mini_vllm.sample.logits_processor",
     "vllm.v1.sample.logits_processor.builtin": "mini_vllm.sample.logits_processor.builtin",
     "vllm.v1.sample.ops.topk_topp_sampler": "mini_vllm.sample.ops.topk_topp_sampler",
@@ -841,6 +853,54 @@ def _build_logitsprocs():
     return build_logitsprocs
 
 
+def _rejection_sampler():
+    module = module_for("vllm.v1.sample.rejection_sampler")
+    reference = importlib.import_module(MODULE_MAP["vllm.v1.sample.rejection_sampler"])
+    # The starter's names over the reference's (the starter imports only what its labs use).
+    scope = types.ModuleType(module.__name__)
+    vars(scope).update({**vars(reference), **vars(module)})
+    forward = _as_if_defined_in(module.RejectionSampler.forward, scope)
+
+    class RejectionSampler(module.RejectionSampler, metaclass=_AdapterMeta):
+        """mini_vllm's RejectionSampler verifying with the ``rejection_sample``
+        of the module the test imports: a starter re-exports the reference
+        class, whose ``forward`` would call the reference's."""
+
+        __call__ = forward
+
+    RejectionSampler.forward = forward
+    return RejectionSampler
+
+
+def _sample_recovered_tokens():
+    rejection_sampler = module_for("vllm.v1.sample.rejection_sampler")
+
+    def sample_recovered_tokens(
+        max_spec_len,
+        num_draft_tokens,
+        cu_num_draft_tokens,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        sampling_metadata,
+        device,
+    ):
+        """Upstream's signature; mini reads the lengths and the device from the
+        other arguments. Upstream's kernel reads the draft ids by position
+        whatever their shape (the test's are ``[num_tokens, 1]``) and answers
+        in that shape; mini takes them flat."""
+        recovered = rejection_sampler.sample_recovered_tokens(
+            num_draft_tokens,
+            draft_token_ids.reshape(-1),
+            draft_probs,
+            target_probs,
+            sampling_metadata,
+        )
+        return recovered.view_as(draft_token_ids)
+
+    return sample_recovered_tokens
+
+
 def _find_longest_matched_ngram():
     NgramProposer = module_for("vllm.v1.spec_decode.ngram_proposer").NgramProposer
 
@@ -866,6 +926,11 @@ ADAPTER_FACTORIES = {
     ("vllm.v1.sample.metadata", "SamplingMetadata"): _sampling_metadata,
     ("vllm.v1.sample.sampler", "Sampler"): _sampler,
     ("vllm.v1.sample.logits_processor", "build_logitsprocs"): _build_logitsprocs,
+    ("vllm.v1.sample.sampler", "SamplerOutput"): lambda: _accepting_absent_features(
+        module_for("vllm.v1.sample.sampler").SamplerOutput, ("logprobs_tensors",)
+    ),
+    ("vllm.v1.sample.rejection_sampler", "sample_recovered_tokens"): _sample_recovered_tokens,
+    ("vllm.v1.sample.rejection_sampler", "RejectionSampler"): _rejection_sampler,
     ("vllm.v1.worker.gpu_input_batch", "InputBatch"): _input_batch,
     ("vllm.v1.worker.gpu_input_batch", "CachedRequestState"): _cached_request_state,
     ("vllm.v1.spec_decode.ngram_proposer", "_find_longest_matched_ngram_and_propose_tokens"): (
@@ -957,6 +1022,15 @@ def pytest_configure(config):
 
     current_platform.device_type = "cpu"
     type(current_platform).is_pin_memory_available = classmethod(lambda cls: False)
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        # Without a GPU driver vLLM put placeholders in vllm.triton_utils; with
+        # the real Triton back, upstream's kernels run under its interpreter.
+        import triton
+        import triton.language as tl
+        import vllm.triton_utils as triton_utils
+
+        triton_utils.triton, triton_utils.tl = triton, tl
 
     if config.getoption("--upstream-target") == "mini_vllm":
         if config.getoption("--upstream-labs"):

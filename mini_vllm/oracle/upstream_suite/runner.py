@@ -45,6 +45,7 @@ FILES = [
     "tests/v1/sample/test_sampler.py",
     "tests/v1/sample/test_topk_topp_sampler.py",
     "tests/v1/sample/test_batched_count_greater_than.py",
+    "tests/v1/sample/test_rejection_sampler.py",
     "tests/v1/logits_processors/test_correctness.py",
     "tests/v1/spec_decode/test_ngram.py",
     "tests/v1/core/test_async_scheduler.py",
@@ -52,21 +53,36 @@ FILES = [
     "tests/v1/structured_output/test_backend_guidance.py",
     "tests/v1/structured_output/test_reasoning_structured_output.py",
 ]
-# Valid tests that take most of a minute each on this CPU: run in the deep tier
+# Valid tests too slow on this CPU for the fast tier: run in the deep tier
 # (MINI_VLLM_TIER=deep, the default outside `make test`), left out of the fast
-# one on both sides. top-k: a batch of 1024 rows over a 128K vocabulary; the
-# logits processors: logit_bias's check walks every biased token of every row
-# at every step in Python (their min_p and min_tokens cases stay fast).
-_LOGITSPROCS = "tests/v1/logits_processors/test_correctness.py::test_logitsprocs"
+# one on both sides. An entry is a node id, a test function (all its cases) or
+# a file. top-k: a batch of 1024 rows over a 128K vocabulary. The two files
+# that need a pytest of their own (ALONE below) doubled the fast tier's time
+# (68 s -> 132 s on this loaded 2-core machine, mostly four more pytest
+# start-ups, for 12 fast cases): on a CPU the logits
+# processors' cases take up to a minute each (logit_bias's check walks every
+# biased token of every row at every step in Python), and the rejection
+# sampler's kernels run one interpreted Python pass a program (1-5 s a case).
 SLOW = [
     "tests/v1/sample/test_topk_topp_sampler.py::test_topk_impl_equivalence",
-    f"{_LOGITSPROCS}[logitsprocs_under_test1-50-cpu:0]",
-    f"{_LOGITSPROCS}[logitsprocs_under_test4-50-cpu:0]",
+    "tests/v1/logits_processors/test_correctness.py",
+    "tests/v1/sample/test_rejection_sampler.py",
 ]
-# Files whose tests fork a child each (upstream's create_new_process_for_each_test):
-# they run in a pytest of their own, since a child forked from a process whose
-# earlier tests started torch's CPU threads can hang.
-ALONE = ["tests/v1/logits_processors/test_correctness.py"]
+_REJECTION = "tests/v1/sample/test_rejection_sampler.py"
+# Left out of both tiers, on both sides: 10 to 100,000 samples through
+# upstream's random kernel, one interpreted program a sample (past 1,000
+# samples it ran over a minute, and the whole file did not finish in 15 min).
+NOT_RUN = [f"{_REJECTION}::test_rejection_sampling_approximates_target_distribution"]
+# Files that run in a pytest of their own, with these environment variables.
+# test_correctness.py forks a child a test (upstream's
+# create_new_process_for_each_test), and a child forked from a process whose
+# earlier tests started torch's CPU threads can hang. test_rejection_sampler.py
+# needs Triton's interpreter (TRITON_INTERPRET=1 before Triton is imported),
+# which must not reach the other files (their Triton paths would switch on).
+ALONE = {
+    "tests/v1/logits_processors/test_correctness.py": {},
+    _REJECTION: {"TRITON_INTERPRET": "1"},
+}
 SCOPE = Path(__file__).with_name("scope.toml")
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
@@ -77,14 +93,26 @@ def run_pytest(
     """{node id: outcome} for ``node_ids`` run against ``target``: the files in
     ``ALONE`` in a pytest of their own, the rest in one. Past ``timeout``
     seconds (or on Ctrl-C) a run and every process it started are killed."""
-    alone = [node for node in node_ids if node.split("::")[0] in ALONE]
-    rest = [node for node in node_ids if node not in alone]
-    results = _run_pytest(target, rest, extra, timeout)
-    return {**results, **_run_pytest(target, alone, extra, timeout)}
+    results = {}
+    for group, env in split(node_ids):
+        results.update(_run_pytest(target, group, extra, timeout, env))
+    return results
+
+
+def split(node_ids: list[str]) -> list[tuple[list[str], dict[str, str]]]:
+    """``node_ids`` as pytest runs: (node ids, environment), the files in ``ALONE`` apart."""
+    runs = [([node for node in node_ids if node.split("::")[0] not in ALONE], {})]
+    for file, env in ALONE.items():
+        runs.append(([node for node in node_ids if node.split("::")[0] == file], env))
+    return [(group, env) for group, env in runs if group]
 
 
 def _run_pytest(
-    target: str, node_ids: list[str], extra: tuple[str, ...], timeout: float | None
+    target: str,
+    node_ids: list[str],
+    extra: tuple[str, ...],
+    timeout: float | None,
+    env: dict[str, str] | None = None,
 ) -> dict:
     if not node_ids:
         return {}
@@ -102,7 +130,7 @@ def _run_pytest(
         child = subprocess.Popen(
             command,
             cwd=tests_root(),
-            env={**os.environ, "PYTHONPATH": pythonpath},
+            env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # its own process group: killed whole, never orphaned
@@ -156,11 +184,17 @@ LAB_FILES = {
     ],
     "08": [
         "tests/v1/spec_decode/test_ngram.py",
+        "tests/v1/sample/test_rejection_sampler.py",
         "tests/v1/core/test_scheduler.py::test_stop_via_update_from_output",
     ],
     "12": ["tests/v1/core/test_scheduler.py::test_schedule_skip_tokenizer_init_structured"],
     "14": ["tests/v1/core/test_async_scheduler.py"],
 }
+
+
+def among(node_id: str, entries: list[str]) -> bool:
+    """Whether an entry of ``entries`` (a file, a test or a case, as in SLOW) covers ``node_id``."""
+    return any(node_id == e or node_id.startswith((e + "::", e + "[")) for e in entries)
 
 
 def selects(selector: str, node_id: str) -> bool:
@@ -190,7 +224,7 @@ def phase_line(phase: str, impl: str = "labs") -> str:
         for key, (inside, _) in scope.items()
         if inside
         and any(selects(sel, key) for sel in LAB_FILES[phase])
-        and not (fast_tier() and key in SLOW)
+        and not (fast_tier() and among(key, SLOW))
     ]
     extra = ("--upstream-labs", phase) if impl == "labs" else ()
     results = run_pytest("mini_vllm", selected, extra, timeout=PHASE_LINE_TIMEOUT)
@@ -215,20 +249,29 @@ def main(argv: list[str] | None = None) -> int:
 
     skipped = SLOW if fast_tier() else []
     scope = load_scope()
-    wanted = [key for key, (inside, _) in scope.items() if inside and key not in skipped]
-    # Both sides at once, one process each: mini_vllm runs every test scope.toml
-    # puts in scope, and only those the pin also passes count below.
+    wanted = [key for key, (inside, _) in scope.items() if inside and not among(key, skipped)]
+    # Two pytest runs at a time (the pin's and mini_vllm's main runs first, then
+    # the ALONE files'): mini_vllm runs every test scope.toml puts in scope, and
+    # only those the pin also passes count below.
+    deselect = tuple(f"--deselect={node}" for node in [*skipped, *NOT_RUN])
+    files = [file for file in FILES if file not in skipped]
+    runs = [("vllm", group, env) for group, env in split(files)]
+    runs += [("mini_vllm", group, env) for group, env in split(wanted)]
+    runs.sort(key=lambda run: run[1][0].split("::")[0] in ALONE)  # the main runs first
     with ThreadPoolExecutor(2) as pool:
-        deselect = tuple(f"--deselect={node}" for node in skipped)
-        pin_run = pool.submit(run_pytest, "vllm", FILES, deselect)
-        mini_run = pool.submit(run_pytest, "mini_vllm", wanted)
-        pin, results = pin_run.result(), mini_run.result()
+        done = [
+            (target, pool.submit(_run_pytest, target, group, deselect, None, env))
+            for target, group, env in runs
+        ]
+        pin, results = {}, {}
+        for target, future in done:
+            (pin if target == "vllm" else results).update(future.result())
     valid = sorted(node for node, outcome in pin.items() if outcome == "passed")
     unlisted = [node for node in valid if verdict(scope, node) is None]
     stale = [
         key
         for key in scope
-        if key not in skipped and not any(n == key or n.startswith(key + "[") for n in valid)
+        if not among(key, skipped) and not any(n == key or n.startswith(key + "[") for n in valid)
     ]
     in_scope = [node for node in valid if (verdict(scope, node) or (False,))[0]]
     if in_scope and not results:  # an id scope.toml names that pytest no longer finds
@@ -253,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     print("teaches what it tests; passing: passes on mini_vllm.")
     for node in skipped:
         print(f"not run in the fast tier (slow on a CPU; MINI_VLLM_TIER=deep runs it): {node}")
+    for node in NOT_RUN:
+        print(f"not run (too slow on a CPU in either tier; runner.NOT_RUN says why): {node}")
 
     for node in failed:
         print(f"FAILED on mini_vllm (in scope): {node} [{results.get(node, 'not run')}]")
