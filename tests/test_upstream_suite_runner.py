@@ -10,6 +10,8 @@ the pinned vllm nor upstream's tests: the pytest runs are recorded, not started.
 
 from __future__ import annotations
 
+import pytest
+
 from mini_vllm.oracle.upstream_suite import runner
 
 FORKING = "tests/v1/logits_processors/test_correctness.py"
@@ -36,3 +38,24 @@ def test_files_that_fork_or_need_the_interpreter_run_in_a_pytest_of_their_own(mo
     assert ([nodes[1]], {}) in runs, runs
     assert ([nodes[3]], {"TRITON_INTERPRET": "1"}) in runs, runs
     assert set(results) == set(nodes)
+
+
+HANGS = """
+import time
+
+
+def test_hangs():
+    time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_run_that_hangs_is_stopped_and_named(monkeypatch, tmp_path):
+    """A pytest run past its limit is killed (with everything it started) and
+    the error names the target and the file; without the limit this test
+    would wait the 600 s its test sleeps."""
+    (tmp_path / "test_hangs.py").write_text(HANGS)
+    monkeypatch.setattr(runner, "tests_root", lambda: tmp_path)
+    stopped = r"pytest against vllm stopped after 5 s.*test_hangs\.py"
+    with pytest.raises(RuntimeError, match=stopped):
+        runner._run_pytest("vllm", ["test_hangs.py::test_hangs"], (), 5.0)
