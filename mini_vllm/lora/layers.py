@@ -12,7 +12,8 @@ gate/up, 1 otherwise). Left out: tensor parallelism, fully sharded LoRA.
 Each shard keeps ``max_loras + 1`` slots of zero-padded matrices:
 ``lora_a_stacked[s]`` [slots, 1, max_lora_rank, in] and ``lora_b_stacked[s]``
 [slots, 1, shard_out, max_lora_rank]. The last slot stays zero: a row with no
-adapter (slot -1) adds nothing (UPSTREAM_PIN.md, Phase 11).
+adapter (slot -1) adds nothing. Upstream stacks ``max_loras`` slots, so its
+slot -1 reads the weights in its last slot (UPSTREAM_PIN.md, Phase 11).
 """
 
 from __future__ import annotations

@@ -5,18 +5,23 @@ mini_vllm/lora/ops/torch_ops/lora_ops.py must equal upstream's own torch ops
 the same inputs, and both must equal a plain per-row matmul (einsum) of each
 row's adapter. The slot mapping (mini_vllm/lora/punica_wrapper/) must give
 upstream's ``PunicaWrapperCPU`` indices and segments, and ``add_lora_linear``
-its output, for batches that mix adapters and rows without one.
+its output, for batches that mix adapters and rows without one, and a row
+without an adapter must take upstream's last slot on a CPU where mini's spare
+zero slot gives it nothing (UPSTREAM_PIN.md, Phase 11).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import types
 
 import pytest
 import torch
+from torch import nn
 
 import mini_vllm.lora.ops.torch_ops as mini_ops
+from mini_vllm.lora.layers import BaseLinearLayerWithLoRA
 from mini_vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
 pytestmark = pytest.mark.upstream
@@ -165,3 +170,95 @@ def test_slot_mapping_and_add_lora_linear_match_upstream(up_punica, token_ids, s
         parts = [2.0 * (x[row] @ a[i][s, 0].T) @ b[i][s, 0].T for i in range(len(sizes))]
         want[row] += torch.cat(parts)
     torch.testing.assert_close(y_ours, want)
+
+
+def _upstream_layer(max_loras: int, rank: int, d_in: int, d_out: int):
+    """Upstream's own LoRA layer stacks on a bare ReplicatedLinear (no model, no TP)."""
+    from vllm.config.lora import LoRAConfig
+    from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA as Upstream
+    from vllm.model_executor.layers.linear import ReplicatedLinear
+
+    layer = Upstream.__new__(Upstream)
+    nn.Module.__init__(layer)
+    layer.base_layer = ReplicatedLinear.__new__(ReplicatedLinear)
+    layer.input_size, layer.output_size, layer.device = d_in, d_out, "cpu"
+    layer.n_slices, layer.tp_size = 1, 1
+    config = LoRAConfig(max_lora_rank=rank, max_loras=max_loras, lora_dtype=torch.float32)
+    layer.create_lora_weights(max_loras, config)
+    return layer
+
+
+@pytest.mark.parametrize(
+    ("slot_ids", "deactivate", "base_row_takes"),
+    [
+        ((1, 2), None, 2),  # both slots hold an adapter: the row without one takes the last (id 2)
+        ((1, None), None, None),  # the last slot never held one (zero): the row adds nothing
+        ((1, 2), 2, 2),  # id 2 deactivated: its slot is freed but its weights stay
+    ],
+)
+def test_row_without_adapter_takes_the_last_slot_upstream(
+    up_punica, slot_ids, deactivate, base_row_takes
+):
+    from vllm.lora.model_manager import LoRAModelManager
+
+    upstream_cls, lora_mapping = up_punica
+    max_loras, rank, d_in, d_out = 2, 8, 16, 12
+    up = _upstream_layer(max_loras, rank, d_in, d_out)
+    assert up.lora_a_stacked[0].shape[0] == max_loras  # upstream: no spare slot
+    base = nn.Linear(d_in, d_out, bias=False)
+    base.input_size, base.output_sizes = d_in, (d_out,)
+    ours = BaseLinearLayerWithLoRA(base)
+    ours.create_lora_weights(max_loras, rank, torch.float32, torch.device("cpu"))
+    assert ours.lora_a_stacked[0].shape[0] == max_loras + 1  # mini: one spare zero slot
+
+    g = torch.Generator().manual_seed(7)
+    adapters = {}
+    for slot, lora_id in enumerate(slot_ids):
+        if lora_id is None:
+            continue
+        a, b = torch.randn(rank, d_in, generator=g), torch.randn(d_out, rank, generator=g)
+        adapters[lora_id] = (a, b)
+        up.set_lora(slot, a, b)
+        ours.set_lora(slot, [a], [b])
+    # upstream's own deactivation, on a manager holding only the slot table
+    manager = types.SimpleNamespace(lora_index_to_id=list(slot_ids))
+    if deactivate is not None:
+        LoRAModelManager._deactivate_adapter(manager, deactivate)
+    index_to_id = manager.lora_index_to_id
+
+    token_ids = tuple(i for i in (1, 1, 0, 2) if i == 0 or i in index_to_id)
+    theirs = upstream_cls(64, 8, "cpu")
+    # the model manager passes lora_slots + 1 (vllm/lora/model_manager.py:365)
+    theirs.update_metadata(
+        lora_mapping(token_ids, token_ids, is_prefill=True), index_to_id, max_loras + 1, 1000
+    )
+    n = len(token_ids)
+    assert theirs.token_lora_indices[:n].tolist() == [
+        index_to_id.index(i) if i else -1 for i in token_ids
+    ]
+    assert not theirs.no_lora  # a mixed batch runs the ops on every row
+    ours.punica_wrapper = PunicaWrapperCPU()
+    ours.punica_wrapper.update_metadata(token_ids, index_to_id)
+
+    x = torch.randn(n, d_in, generator=g)
+    y_up, y_ours = torch.zeros(n, d_out), torch.zeros(n, d_out)
+    theirs.add_lora_linear(y_up, x, up.lora_a_stacked, up.lora_b_stacked, 1.0, up.output_slices)
+    ours.punica_wrapper.add_lora_linear(
+        y_ours, x, ours.lora_a_stacked, ours.lora_b_stacked, 1.0, ours.output_slices
+    )
+
+    def delta(row, lora_id):
+        a, b = adapters[lora_id]
+        return (x[row] @ a.T) @ b.T
+
+    for row, lora_id in enumerate(token_ids):
+        if lora_id == 0:
+            assert torch.equal(y_ours[row], torch.zeros(d_out))  # mini: nothing
+            if base_row_takes is None:
+                assert torch.equal(y_up[row], torch.zeros(d_out))
+            else:  # upstream: the last slot's adapter
+                torch.testing.assert_close(y_up[row], delta(row, base_row_takes))
+                assert y_up[row].abs().max() > 1.0
+        else:
+            torch.testing.assert_close(y_up[row], delta(row, lora_id))
+            assert torch.equal(y_ours[row], y_up[row])

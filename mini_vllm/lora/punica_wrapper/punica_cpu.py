@@ -11,8 +11,11 @@ Left out: embeddings and logits with LoRA, the decode (BGMV) path, the
 preallocated index buffers.
 
 Slot -1 (a row with no adapter) indexes the last slot of the stacked
-weights, as torch indexing does; mini_vllm's LoRA layers keep one extra slot,
-always zero, at the end, so such a row adds nothing (UPSTREAM_PIN.md).
+weights, as torch indexing does. Upstream's layers have no spare slot, so on
+a CPU such a row beside adapter rows gets whatever adapter weights the last
+slot holds (run in tests/upstream/test_lora_ops_oracle.py); mini_vllm's LoRA
+layers keep one extra slot, always zero, at the end, so here it adds nothing
+(UPSTREAM_PIN.md, Phase 11).
 """
 
 from __future__ import annotations
