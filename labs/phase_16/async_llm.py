@@ -94,6 +94,7 @@ class AsyncLLM(_reference.AsyncLLM):
         *,
         n: int = 1,
         output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+        lora_request=None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield ``RequestOutput``s of one request as the engine makes them.
 
@@ -101,7 +102,7 @@ class AsyncLLM(_reference.AsyncLLM):
         ``n``), except with ``FINAL_ONLY``: one output holding all ``n``."""
         collector = None
         try:
-            collector = self.add_request(request_id, prompt, sampling_params, n)
+            collector = self.add_request(request_id, prompt, sampling_params, n, lora_request)
             sent = [_Sent() for _ in range(n)]
             final: list[RequestOutput | None] = [None] * n
             while any(out is None for out in final):

@@ -35,8 +35,11 @@ Differences (see UPSTREAM_PIN.md):
   ``EngineGenerateError``; their KV blocks are freed and leave the prefix cache,
   ``EngineCore.fail_requests``) and the loop keeps serving. Upstream's engine
   core dies instead (``EngineDeadError``).
-Left out: the ZMQ process boundary, data parallelism, LoRA, pooling, streaming
-input, pause/resume, sleep, profiling, tracing.
+A request may carry a ``LoRARequest`` (``generate(..., lora_request=...)``);
+adapters are read by the runner at their first step, or beforehand by the
+server (``--lora-modules``). Left out: the ZMQ process boundary, data
+parallelism, adding or removing adapters at run time (``add_lora``), pooling,
+streaming input, pause/resume, sleep, profiling, tracing.
 """
 
 from __future__ import annotations
@@ -276,9 +279,15 @@ class AsyncLLM:
         )
 
     def add_request(
-        self, request_id: str, prompt, sampling_params: SamplingParams, n: int = 1
+        self,
+        request_id: str,
+        prompt,
+        sampling_params: SamplingParams,
+        n: int = 1,
+        lora_request=None,
     ) -> RequestOutputCollector:
-        """Validate and queue ``n`` child requests; ValueError queues nothing."""
+        """Validate and queue ``n`` child requests (each with ``lora_request``'s
+        adapter, if any); ValueError queues nothing."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n must be at least 1, got {n}.")
         self._run_output_handler()
@@ -291,7 +300,11 @@ class AsyncLLM:
             if n > 1 and params.seed is not None:
                 params = copy.copy(params)
                 params.seed = sampling_params.seed + index
-            processed.append(self.input_processor.process_inputs(child_id, prompt, params))
+            processed.append(
+                self.input_processor.process_inputs(
+                    child_id, prompt, params, lora_request=lora_request
+                )
+            )
         collector = RequestOutputCollector(request_id, child_ids)
         try:
             for index, (prompt_text, request) in enumerate(processed):
@@ -320,6 +333,7 @@ class AsyncLLM:
         *,
         n: int = 1,
         output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+        lora_request=None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield ``RequestOutput``s of one request as the engine makes them.
 
@@ -327,7 +341,7 @@ class AsyncLLM:
         ``n``), except with ``FINAL_ONLY``: one output holding all ``n``."""
         collector = None
         try:
-            collector = self.add_request(request_id, prompt, sampling_params, n)
+            collector = self.add_request(request_id, prompt, sampling_params, n, lora_request)
             sent = [_Sent() for _ in range(n)]
             final: list[RequestOutput | None] = [None] * n
             while any(out is None for out in final):

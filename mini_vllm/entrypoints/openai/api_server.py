@@ -22,7 +22,19 @@ subclass (vllm/entrypoints/openai/api_server.py:257), so they miss it and
 clients get ``{"detail": ...}`` there. mini_vllm gives them the same JSON.
 ``/metrics`` is the Prometheus text of ``mini_vllm/metrics/loggers.py``.
 
-Left out: API keys, CORS, LoRA, tokenization/embedding/score/audio routes,
+LoRA: ``--enable-lora --lora-modules name=path ...`` serves each PEFT adapter
+under its name, as upstream's flag (``LoRAParserAction``
+(vllm/entrypoints/openai/cli_args.py:35), ``name=path`` form only): the
+adapters are read at start-up, a bad one stops the server with one line
+(``OpenAIServingModels.init_static_loras``
+(vllm/entrypoints/openai/models/serving.py:117)), ids count from 1 in the
+given order, and ``/v1/models`` lists them after the base model, each with
+its path as ``root`` and the base model as ``parent``
+(``OpenAIServingModels.show_available_models``
+(vllm/entrypoints/openai/models/serving.py:142)).
+
+Left out: API keys, CORS, loading or unloading adapters at run time,
+tokenization/embedding/score/audio routes,
 multiple API server processes, SageMaker routes, the request logger.
 """
 
@@ -30,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import socket
 import threading
@@ -56,6 +69,7 @@ from mini_vllm.entrypoints.openai.protocol import (
 from mini_vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from mini_vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from mini_vllm.entrypoints.openai.serving_engine import create_error_response
+from mini_vllm.lora.request import LoRARequest
 
 
 async def listen_for_disconnect(request: Request) -> None:
@@ -114,6 +128,10 @@ async def show_available_models(raw_request: Request) -> JSONResponse:
             for name in state.served_model_names
         ]
     )
+    models.data += [
+        ModelCard(id=lora.lora_name, root=lora.lora_path, parent=lora.base_model_name)
+        for lora in state.lora_requests.values()
+    ]
     return JSONResponse(models.model_dump())
 
 
@@ -181,17 +199,46 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     return app
 
 
+def init_static_loras(engine_client: AsyncLLM, args: argparse.Namespace, base_model_name: str):
+    """The ``--lora-modules`` adapters as LoRARequests by name, each read now
+    (ValueError, one line, for a bad one)."""
+    lora_requests = {}
+    for lora_int_id, module in enumerate(getattr(args, "lora_modules", None) or [], start=1):
+        lora = LoRARequest(module.name, lora_int_id, module.path, base_model_name)
+        engine_client.llm_engine._check_adapter(lora)
+        lora_requests[module.name] = lora
+    return lora_requests
+
+
 def init_app_state(engine_client: AsyncLLM, state, args: argparse.Namespace) -> None:
     served_model_names = args.served_model_name or [args.model]
     state.engine_client = engine_client
     state.args = args
     state.served_model_names = served_model_names
+    state.lora_requests = init_static_loras(engine_client, args, served_model_names[0])
     # One thread prepares every request (tokenizing, off the event loop).
     state.executor = executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve")
     state.openai_serving_completion = OpenAIServingCompletion(
-        engine_client, served_model_names, executor
+        engine_client, served_model_names, executor, state.lora_requests
     )
-    state.openai_serving_chat = OpenAIServingChat(engine_client, served_model_names, executor)
+    state.openai_serving_chat = OpenAIServingChat(
+        engine_client, served_model_names, executor, state.lora_requests
+    )
+
+
+@dataclasses.dataclass
+class LoRAModulePath:
+    """One ``--lora-modules`` item (upstream: vllm/entrypoints/openai/models/protocol.py)."""
+
+    name: str
+    path: str
+
+
+def parse_lora_module(item: str) -> LoRAModulePath:
+    name, sep, path = item.partition("=")
+    if not sep or not name or not path or "=" in path:
+        raise argparse.ArgumentTypeError(f"expected name=path, got {item!r}")
+    return LoRAModulePath(name, path)
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -221,6 +268,16 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", "-q", default=None)
     parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--max-loras", type=int, default=1)
+    parser.add_argument("--max-lora-rank", type=int, default=16)
+    parser.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=parse_lora_module,
+        default=None,
+        help="name=path: serve the PEFT adapter in folder path as model name (needs --enable-lora)",
+    )
     parser.add_argument(
         "--attention-backend",
         default="auto",
@@ -236,6 +293,8 @@ def build_async_engine_client(args: argparse.Namespace) -> AsyncLLM:
 
     if args.model is None:
         args.model = str(smollm2_gguf_path())
+    if args.lora_modules and not args.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora.")
     served = args.served_model_name or [args.model]
     return AsyncLLM.from_model(
         args.model,
@@ -252,6 +311,9 @@ def build_async_engine_client(args: argparse.Namespace) -> AsyncLLM:
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         attention_backend=args.attention_backend,
+        enable_lora=args.enable_lora,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
     )
 
 
@@ -275,11 +337,19 @@ class ServerThread:
     picks (bound to port 0, so parallel runs never collide): for tests,
     benchmarks and labs. ``stop`` ends it and the AsyncLLM's engine-core thread."""
 
-    def __init__(self, engine: AsyncLLM, model_path: str, served_model_name: str) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        model_path: str,
+        served_model_name: str,
+        lora_modules: list[LoRAModulePath] | None = None,
+    ) -> None:
         import uvicorn
 
         self.engine = engine
-        args = argparse.Namespace(model=model_path, served_model_name=[served_model_name])
+        args = argparse.Namespace(
+            model=model_path, served_model_name=[served_model_name], lora_modules=lora_modules
+        )
         app = build_app(args)
         init_app_state(engine, app.state, args)
         self.executor = app.state.executor

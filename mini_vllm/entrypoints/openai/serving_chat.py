@@ -85,7 +85,9 @@ class OpenAIServingChat(OpenAIServing):
             else request.max_tokens,
         )
         sampling_params = request.to_sampling_params(max_tokens)
-        self._validate_engine_input(request_id, engine_input, sampling_params)
+        self._validate_engine_input(
+            request_id, engine_input, sampling_params, self._maybe_get_adapters(request.model)
+        )
         return engine_input, sampling_params
 
     async def create_chat_completion(
@@ -101,21 +103,23 @@ class OpenAIServingChat(OpenAIServing):
             )
         except (ValueError, TypeError) as e:
             return self.create_error_response(e)
+        lora_request = self._maybe_get_adapters(request.model)
         result_generator = self.engine_client.generate(
             engine_input,
             sampling_params,
             request_id,
             n=request.n,
             output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+            lora_request=lora_request,
         )
         if request.stream:
             return self.chat_completion_stream_generator(
-                request, result_generator, request_id, created_time, self.model_name()
+                request, result_generator, request_id, created_time, self.model_name(lora_request)
             )
         outputs = [res async for res in result_generator]  # FINAL_ONLY: one
         final_res = outputs[-1]
         return self.chat_completion_full_generator(
-            request, final_res, request_id, created_time, self.model_name()
+            request, final_res, request_id, created_time, self.model_name(lora_request)
         )
 
     async def chat_completion_stream_generator(

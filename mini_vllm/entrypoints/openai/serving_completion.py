@@ -73,7 +73,12 @@ class OpenAIServingCompletion(OpenAIServing):
                 engine_input["prompt_token_ids"], request.max_tokens
             )
             sampling_params = request.to_sampling_params(max_tokens)
-            self._validate_engine_input(f"{request_id}-{i}", engine_input, sampling_params)
+            self._validate_engine_input(
+                f"{request_id}-{i}",
+                engine_input,
+                sampling_params,
+                self._maybe_get_adapters(request.model),
+            )
             prepared.append((engine_input, sampling_params))
         return prepared
 
@@ -89,6 +94,7 @@ class OpenAIServingCompletion(OpenAIServing):
         except (ValueError, TypeError) as e:
             return self.create_error_response(e)
         output_kind = RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY
+        lora_request = self._maybe_get_adapters(request.model)
         generators = [
             self.engine_client.generate(
                 engine_input,
@@ -96,6 +102,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 f"{request_id}-{i}",
                 n=request.n,
                 output_kind=output_kind,
+                lora_request=lora_request,
             )
             for i, (engine_input, sampling_params) in enumerate(prepared)
         ]
@@ -106,7 +113,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 result_generator,
                 request_id,
                 created_time,
-                self.model_name(),
+                self.model_name(lora_request),
                 num_prompts=len(prepared),
             )
         final_res_batch: list[RequestOutput | None] = [None] * len(prepared)
@@ -116,7 +123,7 @@ class OpenAIServingCompletion(OpenAIServing):
         except (ValueError, TypeError) as e:
             return self.create_error_response(e)
         return self.request_output_to_completion_response(
-            final_res_batch, request, request_id, created_time, self.model_name()
+            final_res_batch, request, request_id, created_time, self.model_name(lora_request)
         )
 
     async def completion_stream_generator(

@@ -19,7 +19,11 @@ twice instead (here, then in ``AsyncLLM.add_request``). All of it is slow for a
 big prompt (a 1 MB prompt takes about a second to tokenize), so it runs in one
 worker thread (``make_async``, as upstream's renderer runs its tokenizer in its
 executor, vllm/renderers/base.py:89), never on the event loop that answers
-every other client. Left out: LoRA models, request logging, tracing headers,
+every other client. A request whose ``model`` names a ``--lora-modules``
+adapter runs with it (``_maybe_get_adapters`` :271, and the answer names the
+adapter, as ``OpenAIServingModels.model_name``
+(vllm/entrypoints/openai/models/serving.py:137)). Left out: loading adapters at
+run time, request logging, tracing headers,
 prompt truncation, the system fingerprint's config hash (mini_vllm's is its
 name and version).
 """
@@ -40,6 +44,7 @@ from mini_vllm.entrypoints.openai.protocol import (
     StreamOptions,
     UnsupportedParameterError,
 )
+from mini_vllm.lora.request import LoRARequest
 
 SYSTEM_FINGERPRINT = "mini_vllm-0.1.0"
 
@@ -162,9 +167,11 @@ class OpenAIServing:
         engine_client: AsyncLLM,
         served_model_names: list[str],
         executor: Executor | None = None,
+        lora_requests: dict[str, LoRARequest] | None = None,
     ) -> None:
         self.engine_client = engine_client
         self.served_model_names = served_model_names
+        self.lora_requests = lora_requests or {}  # served adapter name -> LoRARequest
         self.tokenizer = engine_client.tokenizer
         self.max_model_len = engine_client.vllm_config.model_config.max_model_len
         self.system_fingerprint: str | None = SYSTEM_FINGERPRINT
@@ -178,7 +185,7 @@ class OpenAIServing:
         return json.dumps(create_error_response(message).model_dump())
 
     def _check_model(self, model: str | None) -> ErrorResponse | None:
-        if not model or model in self.served_model_names:
+        if not model or model in self.served_model_names or model in self.lora_requests:
             return None
         return create_error_response(
             f"The model `{model}` does not exist.",
@@ -187,7 +194,13 @@ class OpenAIServing:
             param="model",
         )
 
-    def model_name(self) -> str:
+    def _maybe_get_adapters(self, model: str | None) -> LoRARequest | None:
+        """The adapter a request's ``model`` names (None: the base model)."""
+        return self.lora_requests.get(model) if model else None
+
+    def model_name(self, lora_request: LoRARequest | None = None) -> str:
+        if lora_request is not None:
+            return lora_request.lora_name
         return self.served_model_names[0]
 
     def _validate_prompt_len(self, token_ids: list[int], max_tokens: int | None) -> int:
@@ -200,8 +213,12 @@ class OpenAIServing:
             )
         return get_max_tokens(self.max_model_len, max_tokens, len(token_ids))
 
-    def _validate_engine_input(self, request_id: str, engine_input: dict, params) -> None:
+    def _validate_engine_input(
+        self, request_id: str, engine_input: dict, params, lora_request=None
+    ) -> None:
         """Raise what the engine's input processor would raise for this input
         (an empty prompt, too many logprobs, a schema xgrammar cannot parse...),
         without queueing anything."""
-        self.engine_client.input_processor.process_inputs(request_id, engine_input, params)
+        self.engine_client.input_processor.process_inputs(
+            request_id, engine_input, params, lora_request=lora_request
+        )
