@@ -94,3 +94,115 @@ def test_example_connector_is_registered_by_name():
 
     config = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both")
     assert KVConnectorFactory.get_connector_class(config) is ExampleConnector
+
+
+# ---------------------------------------------------------------- load failures
+#
+# Upstream's example connector raises on a stored file it cannot read, which
+# takes the engine down. mini's reports the request's loading blocks through
+# get_block_ids_with_load_errors (vllm/distributed/kv_transfer/kv_connector/v1/base.py:375),
+# and the scheduler's invalid-block path (vllm/v1/core/sched/scheduler.py:2268)
+# recomputes the request or fails it alone, by kv_load_failure_policy.
+
+OTHER = [(7 * j + 11) % 509 + 3 for j in range(21)]  # a second prompt, never damaged
+
+
+def damage(storage: str, how: str) -> None:
+    """Spoil the one stored prompt's layer-1 file (its folder stays, so the
+    connector still reports a hit and tries the load)."""
+    (folder,) = os.listdir(storage)
+    path = os.path.join(storage, folder, "model.layers.1.self_attn.attn.safetensors")
+    if how == "deleted":
+        os.remove(path)
+    elif how == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    else:  # one token's KV where 32 are stored: it would broadcast silently
+        kv = safetensors.torch.load_file(path)["kv_cache"]
+        safetensors.torch.save_file({"kv_cache": kv[:1].contiguous()}, path)
+
+
+def make_llm(path: str, storage: str, policy: str) -> LLM:
+    return LLM(
+        path,
+        max_model_len=128,
+        kv_cache_memory_bytes=8 << 20,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=4,
+        attention_backend="torch",
+        kv_transfer_config={
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": storage},
+            "kv_load_failure_policy": policy,
+        },
+    )
+
+
+def num_free_blocks(llm: LLM) -> int:
+    return llm.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+@pytest.fixture(scope="module")
+def fresh_tokens(tiny_llama):
+    """Each prompt's greedy tokens from an engine without a connector."""
+    llm = LLM(
+        tiny_llama,
+        max_model_len=128,
+        kv_cache_memory_bytes=8 << 20,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=4,
+        attention_backend="torch",
+    )
+    params = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(
+        [{"prompt_token_ids": PROMPT}, {"prompt_token_ids": OTHER}], params, use_tqdm=False
+    )
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.mark.parametrize("how", ["deleted", "truncated", "wrong_shape"])
+def test_a_failed_load_is_recomputed(tiny_llama, tmp_path, fresh_tokens, how):
+    storage = str(tmp_path / "kv")
+    first, _ = run(tiny_llama, storage)
+    assert first == fresh_tokens[0]
+    damage(storage, how)
+
+    llm = make_llm(tiny_llama, storage, "recompute")
+    free_at_start = num_free_blocks(llm)
+    params = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
+    (out,) = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)
+    assert out.outputs[0].finish_reason == "length"
+    assert list(out.outputs[0].token_ids) == fresh_tokens[0], f"{how}: recomputed tokens differ"
+    # The load was tried and thrown away: the stored 32 tokens were scheduled
+    # on top of the load's 5 + 5 decode steps, not skipped.
+    stats = llm.llm_engine.get_stats()
+    assert stats["num_scheduled_tokens"] > len(PROMPT) - STORED_TOKENS + N - 1, stats
+    assert num_free_blocks(llm) == free_at_start, f"{how}: blocks leaked"
+
+
+@pytest.mark.parametrize("how", ["deleted", "truncated", "wrong_shape"])
+def test_a_failed_load_fails_its_request_alone(tiny_llama, tmp_path, fresh_tokens, how):
+    storage = str(tmp_path / "kv")
+    run(tiny_llama, storage)
+    damage(storage, how)
+
+    llm = make_llm(tiny_llama, storage, "fail")
+    free_at_start = num_free_blocks(llm)
+    params = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
+    bad, other = llm.generate(
+        [{"prompt_token_ids": PROMPT}, {"prompt_token_ids": OTHER}], params, use_tqdm=False
+    )
+    assert bad.outputs[0].finish_reason == "error", f"{how}: {bad.outputs[0]}"
+    assert list(bad.outputs[0].token_ids) == []
+    assert other.outputs[0].finish_reason == "length"
+    assert list(other.outputs[0].token_ids) == fresh_tokens[1]
+    assert num_free_blocks(llm) == free_at_start, f"{how}: blocks leaked"
+
+    # The engine keeps serving: the same prompt fails again, alone.
+    again, other_again = llm.generate(
+        [{"prompt_token_ids": PROMPT}, {"prompt_token_ids": OTHER}], params, use_tqdm=False
+    )
+    assert again.outputs[0].finish_reason == "error"
+    assert list(other_again.outputs[0].token_ids) == fresh_tokens[1]
+    assert num_free_blocks(llm) == free_at_start, f"{how}: blocks leaked"

@@ -37,7 +37,7 @@ class GPUModelRunner(_reference.GPUModelRunner):
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Apply the step's deltas to ``requests`` and to ``input_batch``."""
         batch = self.input_batch
-        cached = scheduler_output.scheduled_cached_reqs  # noqa: F841 (a lab region reads it)
+        cached = scheduler_output.scheduled_cached_reqs
         # BEGIN LAB 05.3: who leaves the batch: finished requests, and those not scheduled now
         # HINT: receives the step's scheduler_output; leaves in the batch only the requests
         # HINT: scheduled this step that were there before: every other req_id's row is a hole
@@ -79,6 +79,19 @@ class GPUModelRunner(_reference.GPUModelRunner):
             "(labs/phase_05/gpu_model_runner.py)"
         )
         # END LAB 05.3
+
+        # Output tokens the scheduler threw away (their step read KV that
+        # failed to load, Phase 15): drop them here too
+        # (mirrors vllm/v1/worker/gpu_model_runner.py:1347-1356).
+        for cached_id, num_output_tokens in zip(
+            cached.req_ids, cached.num_output_tokens, strict=True
+        ):
+            kept = self.requests[cached_id].output_token_ids
+            if num_output_tokens < len(kept):
+                del kept[num_output_tokens:]
+                row = batch.req_id_to_index.get(cached_id)
+                if row is not None:
+                    batch.num_tokens_no_spec[row] = batch.num_prompt_tokens[row] + num_output_tokens
 
         # The adapter a new request runs with (LoRA, Phase 11).
         for new_req in scheduler_output.scheduled_new_reqs:

@@ -286,6 +286,19 @@ class GPUModelRunner:
                 batch.block_table.append_row(new_block_ids, req_index)
         # END LAB 05.3
 
+        # Output tokens the scheduler threw away (their step read KV that
+        # failed to load, Phase 15): drop them here too
+        # (mirrors vllm/v1/worker/gpu_model_runner.py:1347-1356).
+        for cached_id, num_output_tokens in zip(
+            cached.req_ids, cached.num_output_tokens, strict=True
+        ):
+            kept = self.requests[cached_id].output_token_ids
+            if num_output_tokens < len(kept):
+                del kept[num_output_tokens:]
+                row = batch.req_id_to_index.get(cached_id)
+                if row is not None:
+                    batch.num_tokens_no_spec[row] = batch.num_prompt_tokens[row] + num_output_tokens
+
         # The adapter a new request runs with (LoRA, Phase 11).
         for new_req in scheduler_output.scheduled_new_reqs:
             self.requests[new_req.req_id].lora_request = new_req.lora_request

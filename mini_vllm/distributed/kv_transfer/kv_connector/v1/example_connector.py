@@ -22,6 +22,12 @@ the forward context's layers (mini's context has no layer table).
 Invariants kept: a stored folder holds one file per attention layer; only
 whole blocks are saved and loaded; a request loads only when its whole key
 prefix is stored (a missing folder is a miss, not an error).
+
+One departure: upstream's ``start_load_kv`` raises on a missing, corrupt or
+misshapen stored file, which takes the engine down. Here the request's
+loading blocks are reported instead, through ``get_block_ids_with_load_errors``
+(base.py:375), upstream's API for it, and the scheduler's invalid-block path
+recomputes or fails that request alone, by ``kv_load_failure_policy``.
 """
 
 from __future__ import annotations
@@ -105,6 +111,8 @@ class ExampleConnector(KVConnectorBase_V1):
         )
         # Worker half: layer name -> its paged KV tensor.
         self._kv_caches: dict[str, torch.Tensor] = {}
+        # Worker half: blocks whose load failed since the last report.
+        self._invalid_block_ids: set[int] = set()
 
     # ------------------------------------------------------------ worker side
 
@@ -112,7 +120,11 @@ class ExampleConnector(KVConnectorBase_V1):
         self._kv_caches = dict(kv_caches)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        """Write every loading request's stored KV into its slots, layer by layer."""
+        """Write every loading request's stored KV into its slots, layer by
+        layer. A request whose stored files cannot be read (missing, corrupt,
+        the wrong shape) has all its loading blocks reported as failed, for
+        the scheduler to recompute or fail by ``kv_load_failure_policy``;
+        upstream's example raises instead."""
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, ExampleConnectorMetadata)
         if forward_context.attn_metadata is None:
@@ -121,13 +133,27 @@ class ExampleConnector(KVConnectorBase_V1):
             if request.is_store:
                 continue
             logger.info("Loading the KV of %d tokens", len(request.slot_mapping))
-            blocks = request.slot_mapping // self._block_size
-            offsets = request.slot_mapping % self._block_size
-            for layer_name, kv_cache in self._kv_caches.items():
-                filename = self._generate_filename_debug(layer_name, request.token_ids)
-                stored = safetensors.torch.load_file(filename, device=str(kv_cache.device))
-                # [num_tokens, 2, num_kv_heads, head_size] into [blocks, 2, offsets].
-                kv_cache[blocks, :, offsets] = stored["kv_cache"].to(kv_cache.dtype)
+            try:
+                self._load_request(request)
+            except Exception as e:  # any unreadable file: its blocks are invalid
+                blocks = (request.slot_mapping // self._block_size).unique().tolist()
+                logger.error("KV load failed, %d block(s) invalid: %s", len(blocks), e)
+                self._invalid_block_ids.update(blocks)
+
+    def _load_request(self, request: ReqMeta) -> None:
+        blocks = request.slot_mapping // self._block_size
+        offsets = request.slot_mapping % self._block_size
+        for layer_name, kv_cache in self._kv_caches.items():
+            filename = self._generate_filename_debug(layer_name, request.token_ids)
+            stored = safetensors.torch.load_file(filename, device=str(kv_cache.device))
+            # [num_tokens, 2, num_kv_heads, head_size] into [blocks, 2, offsets].
+            expected = kv_cache[blocks, :, offsets].shape
+            if stored["kv_cache"].shape != expected:
+                raise ValueError(
+                    f"{filename}: kv_cache has shape {tuple(stored['kv_cache'].shape)}, "
+                    f"expected {tuple(expected)}"
+                )
+            kv_cache[blocks, :, offsets] = stored["kv_cache"].to(kv_cache.dtype)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv loaded every layer already
@@ -149,6 +175,12 @@ class ExampleConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         return  # save_kv_layer wrote its files already
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """The blocks whose load failed since the last call (then forgets
+        them), as upstream's NIXL worker reports a failed transfer."""
+        invalid, self._invalid_block_ids = self._invalid_block_ids, set()
+        return invalid
 
     # --------------------------------------------------------- scheduler side
 
