@@ -54,8 +54,9 @@ def new(req_id, prompt, blocks, computed=0, **params) -> NewRequestData:
 
 def step(new_reqs=(), cached=(), scheduled=None, finished=(), preempted=()) -> SchedulerOutput:
     """A SchedulerOutput; ``cached`` holds (req_id, num_computed_tokens, new
-    blocks or None, resumed?) and ``scheduled`` {req_id: tokens} (default: 1
-    token for every request in new_reqs and cached)."""
+    blocks or None, resumed?[, num_output_tokens, default 0]) and
+    ``scheduled`` {req_id: tokens} (default: 1 token for every request in
+    new_reqs and cached)."""
     if scheduled is None:
         scheduled = {r.req_id: 1 for r in new_reqs} | {c[0]: 1 for c in cached}
     return SchedulerOutput(
@@ -67,7 +68,7 @@ def step(new_reqs=(), cached=(), scheduled=None, finished=(), preempted=()) -> S
             all_token_ids={},
             new_block_ids=[None if c[2] is None else (list(c[2]),) for c in cached],
             num_computed_tokens=[c[1] for c in cached],
-            num_output_tokens=[0 for _ in cached],
+            num_output_tokens=[c[4] if len(c) > 4 else 0 for c in cached],
         ),
         num_scheduled_tokens=dict(scheduled),
         total_num_scheduled_tokens=sum(scheduled.values()),
@@ -181,7 +182,7 @@ def test_a_resumed_request_gets_new_blocks_and_rejoins(impl):
     apply(runner, step([new("a", [1, 2], [1]), new("c", [3, 4, 5], [3, 4])]))
     runner.requests["c"].output_token_ids.append(42)  # what _bookkeeping_sync would do
     apply(runner, step(cached=[("a", 2, None, False)], preempted={"c"}))
-    apply(runner, step(cached=[("a", 3, None, False), ("c", 0, [7, 8], True)]))
+    apply(runner, step(cached=[("a", 3, None, False), ("c", 0, [7, 8], True, 1)]))
     c = runner.requests["c"]
     assert c.block_ids == ([7, 8],), (
         "A resumed request's blocks were freed when it was preempted: its new_block_ids "
