@@ -148,8 +148,10 @@ class BlockTable:
 class MultiGroupBlockTable:
     """One ``BlockTable`` per KV-cache group; block ids arrive as one list per group.
 
-    mini_vllm's models have one group, so ``block_ids`` is a 1-tuple; the
-    tuple shape is upstream's, as in ``SchedulerOutput``.
+    A full-attention model has one group, so ``block_ids`` is a 1-tuple; a
+    hybrid model (Phase 07) has one entry per group, full-attention and
+    sliding-window groups alike. The tuple shape is upstream's, as in
+    ``SchedulerOutput``.
     """
 
     def __init__(
