@@ -27,6 +27,7 @@ from mini_vllm.structured_output.request import StructuredOutputRequest
 if TYPE_CHECKING:
     from mini_vllm.core.kv_cache_utils import BlockHash
     from mini_vllm.lora.request import LoRARequest
+    from mini_vllm.multimodal.inputs import MultiModalFeatureSpec
 
 
 class Request:
@@ -39,6 +40,7 @@ class Request:
         priority: int = 0,
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
         lora_request: LoRARequest | None = None,
+        mm_features: list[MultiModalFeatureSpec] | None = None,
     ) -> None:
         if sampling_params is None:
             raise ValueError("sampling_params must be set")
@@ -82,6 +84,10 @@ class Request:
         # every access, so mini_vllm hands out the lists and trusts callers.
         self.output_token_ids = self._output_token_ids
         self.all_token_ids = self._all_token_ids
+
+        # One feature per multimodal item, in prompt order (vllm/v1/request.py:149).
+        # Set before the block hasher runs: the items' hashes enter block hashes.
+        self.mm_features: list[MultiModalFeatureSpec] = list(mm_features or [])
 
         self.block_hashes: list[BlockHash] = []
         self._block_hasher = block_hasher
@@ -127,6 +133,21 @@ class Request:
     @property
     def use_structured_output(self) -> bool:
         return self.structured_output_request is not None
+
+    # mirrors vllm/v1/request.py:250-256, :277-279
+    @property
+    def num_encoder_inputs(self) -> int:
+        """How many multimodal items (images) the request carries."""
+        return len(self.mm_features)
+
+    @property
+    def has_encoder_inputs(self) -> bool:
+        return self.num_encoder_inputs > 0
+
+    def get_num_encoder_embeds(self, input_id: int) -> int:
+        """Encoder embeddings item ``input_id`` fills (its encoder output rows)."""
+        assert input_id < len(self.mm_features)
+        return self.mm_features[input_id].mm_position.get_num_embeds()
 
     # BEGIN LAB 01.1: num_output_tokens: tokens sampled so far
     @property

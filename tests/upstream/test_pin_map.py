@@ -98,6 +98,7 @@ CORE_MODULES = (
     "structured_output/backend_xgrammar.py",
     "structured_output/request.py",
     "structured_output/utils.py",
+    "multimodal/inputs.py",
 )
 
 # The map's row format (ROW_RE, Row) and the ast walk are shared with the
