@@ -20,6 +20,7 @@ observability, partial-prefill limits.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field, fields
 
 # Upstream's LogprobsMode (vllm/config/model.py:98): what a returned logprob holds.
@@ -314,12 +315,16 @@ class KVTransferConfig:
     request: "fail" it (upstream's default) or "recompute" the lost tokens."""
 
     kv_connector: str | None = None
+    # Names this engine to its peers (P/D); a fresh uuid when not given.
+    engine_id: str | None = None
     kv_role: str | None = None
     kv_connector_extra_config: dict = field(default_factory=dict)
     kv_connector_module_path: str | None = None
     kv_load_failure_policy: str = "fail"
 
     def __post_init__(self) -> None:
+        if self.engine_id is None:
+            self.engine_id = str(uuid.uuid4())
         # Upstream's checks (kv_transfer.py:93-108), one line naming the field.
         if self.kv_role is not None and self.kv_role not in KV_ROLES:
             raise ValueError(f"kv_role must be one of {', '.join(KV_ROLES)}, got {self.kv_role!r}.")

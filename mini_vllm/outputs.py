@@ -96,3 +96,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    # P/D: the KV connector's parameters for the next engine (Phase 15).
+    kv_transfer_params: dict | None = None

@@ -60,6 +60,11 @@ class Request:
         if self.structured_output_request is not None:
             self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self.stop_reason: int | str | None = None
+        # P/D (Phase 15): the KV connector's parameters for this request, from
+        # ``extra_args["kv_transfer_params"]`` (vllm/v1/request.py:101-117).
+        self.kv_transfer_params: dict | None = None
+        if sampling_params.extra_args is not None:
+            self.kv_transfer_params = sampling_params.extra_args.get("kv_transfer_params")
         if sampling_params.max_tokens is None:
             # Upstream's engine fills it (max_model_len - prompt length)
             # before it builds the Request; so must whoever builds one here.

@@ -397,6 +397,7 @@ class Scheduler(_reference.Scheduler):
                         finish_reason=finish_reason,
                         stop_reason=request.stop_reason,
                         new_logprobs=new_logprobs,
+                        kv_transfer_params=self.finished_kv_transfer_params.pop(req_id, None),
                     )
                 )
 

@@ -2,7 +2,7 @@
 
 Mirrors upstream ``vllm/v1/engine/__init__.py`` at v0.22.1 (``FinishReason``
 :42, ``EngineCoreOutput`` :168, ``EngineCoreOutputs`` :213). Left out: msgspec
-serialization, events, logprob tensors, KV-transfer and pooling fields, and
+serialization, events, logprob tensors, pooling fields, and
 the per-client dict (mini_vllm has one client).
 """
 
@@ -36,6 +36,8 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     new_logprobs: object | None = None
+    # P/D: what the KV connector returned from request_finished (Phase 15).
+    kv_transfer_params: dict | None = None
 
     @property
     def finished(self) -> bool:

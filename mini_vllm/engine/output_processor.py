@@ -130,7 +130,9 @@ class OutputProcessor:
                     state.logprobs.append(dict(zip(ids, vals, strict=True)))
                     state.cumulative_logprob += vals[0]
             finish_reason = str(finish_reason) if finish_reason is not None else None
-            results.request_outputs.append(state.make_output(finish_reason, stop_reason))
+            output = state.make_output(finish_reason, stop_reason)
+            output.kv_transfer_params = out.kv_transfer_params
+            results.request_outputs.append(output)
             if finish_reason is not None:
                 state.metrics.finished_time = now
                 del self.request_states[out.request_id]

@@ -166,6 +166,10 @@ class Scheduler(SchedulerInterface):
         # failed ones among them have lost some of their loaded tokens.
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
+        # P/D: what request_finished returned for a request that stopped this
+        # step, for its EngineCoreOutput. Upstream's _free_request returns it
+        # (scheduler.py:1480); kept beside here so Lab 03.5's code is unchanged.
+        self.finished_kv_transfer_params: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ schedule
 
@@ -824,6 +828,7 @@ class Scheduler(SchedulerInterface):
                         finish_reason=finish_reason,
                         stop_reason=request.stop_reason,
                         new_logprobs=new_logprobs,
+                        kv_transfer_params=self.finished_kv_transfer_params.pop(req_id, None),
                     )
                 )
 
@@ -984,6 +989,7 @@ class Scheduler(SchedulerInterface):
                 self.failed_recving_kv_req_ids.discard(request.request_id)
             request.status = finished_status
             self._free_request(request, delay_free_blocks=delay_free_blocks)
+            self.finished_kv_transfer_params.pop(request.request_id, None)
         return [r.request_id for r in valid_requests]
 
     # mirrors vllm/v1/core/sched/scheduler.py:1842-1863
@@ -1023,11 +1029,14 @@ class Scheduler(SchedulerInterface):
     # mirrors vllm/v1/core/sched/scheduler.py:2038-2067
     def _connector_finished(self, request: Request) -> bool:
         """Tell the connector the request finished, with its block ids; True
-        when the connector still reads them (an asynchronous save)."""
+        when the connector still reads them (an asynchronous save). The
+        parameters it returns go out with the request's last output."""
         if self.connector is None:
             return False
         (block_ids,) = self.kv_cache_manager.get_block_ids(request.request_id)
-        delay_free_blocks, _kv_transfer_params = self.connector.request_finished(request, block_ids)
+        delay_free_blocks, kv_transfer_params = self.connector.request_finished(request, block_ids)
+        if kv_transfer_params is not None:
+            self.finished_kv_transfer_params[request.request_id] = kv_transfer_params
         return delay_free_blocks
 
     # mirrors vllm/v1/core/sched/scheduler.py:2069-2101

@@ -6,7 +6,7 @@ v0.22.1 (``register_connector`` :31, ``create_connector`` :43,
 registry; registered connectors are imported only when asked for. Left
 out: the hybrid-model (HMA) check and the old two-argument constructor
 check; mini_vllm's registry holds its own connectors only (ExampleConnector,
-the storage connector).
+the storage connector; ZmqConnector, the network one).
 """
 
 from __future__ import annotations
@@ -75,4 +75,9 @@ KVConnectorFactory.register_connector(
     "ExampleConnector",
     "mini_vllm.distributed.kv_transfer.kv_connector.v1.example_connector",
     "ExampleConnector",
+)
+KVConnectorFactory.register_connector(
+    "ZmqConnector",
+    "mini_vllm.distributed.kv_transfer.kv_connector.v1.zmq_connector",
+    "ZmqConnector",
 )
