@@ -154,3 +154,61 @@ def test_one_forward_adds_each_rows_adapter_and_nothing_to_base_rows():
 
 def _request(lora_id: int):
     return LoRARequest(f"lora-{lora_id}", lora_id, "/unused")
+
+
+def _write_peft_folder(folder, tensors: dict, **config) -> str:
+    import json
+
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    config = {"r": 2, "lora_alpha": 2, **config}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    prefix = "base_model.model.model.layers"
+    save_file(
+        {f"{prefix}.{k}.weight": v for k, v in tensors.items()},
+        str(folder / "adapter_model.safetensors"),
+    )
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("module", "a_shape", "b_shape", "message"),
+    [
+        # q_proj of a wider base: hidden 16, not 8 (upstream's copy into the slot would raise)
+        ("0.self_attn.q_proj", (2, 16), (4, 2), r"q_proj.lora_A .* \[2, 16\].*needs \[2, 8\]"),
+        # down_proj of a narrower base: out 4, not 8 (upstream would pad it with zeros)
+        ("0.mlp.down_proj", (2, 8), (4, 2), r"down_proj.lora_B .* \[4, 2\].*needs \[8, 2\]"),
+    ],
+)
+def test_an_adapter_for_another_base_model_fails_its_load_with_one_line(
+    tmp_path, module, a_shape, b_shape, message
+):
+    import torch
+
+    manager = _manager(max_loras=1, max_cpu_loras=1)
+    tensors = {f"{module}.lora_A": torch.ones(a_shape), f"{module}.lora_B": torch.ones(b_shape)}
+    folder = _write_peft_folder(tmp_path / "wrong", tensors)
+    with pytest.raises(ValueError, match=message) as info:
+        manager.load_adapter(LoRARequest("wrong", 1, folder))
+    assert "\n" not in str(info.value)
+
+
+def test_base_model_name_and_layers_past_the_models_are_not_checked(tmp_path):
+    """As upstream: adapter_config's base_model_name_or_path is never read, and
+    a module in a layer the model lacks is skipped (activate_adapter walks the
+    model's modules)."""
+    import torch
+
+    manager = _manager(max_loras=1, max_cpu_loras=1)
+    tensors = {
+        "0.self_attn.k_proj.lora_A": torch.ones(2, 8),
+        "0.self_attn.k_proj.lora_B": torch.ones(2, 2),
+        "7.self_attn.k_proj.lora_A": torch.ones(2, 99),
+        "7.self_attn.k_proj.lora_B": torch.ones(99, 2),
+    }
+    folder = _write_peft_folder(tmp_path / "ok", tensors, base_model_name_or_path="other/model")
+    manager.add_adapter(manager.load_adapter(LoRARequest("ok", 1, folder)))
+    assert manager.activate_adapter(1)
+    layer = manager.modules["model.layers.0.self_attn.qkv_proj"]
+    assert layer.lora_a_stacked[1][0, 0, :2].equal(torch.ones(2, 8))

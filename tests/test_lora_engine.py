@@ -8,7 +8,9 @@ model, A again on another prompt) with ``max_loras=2``: every request's
 greedy tokens must equal transformers + peft's for its adapter. A second run
 with ``max_loras=1`` and ``max_cpu_loras=1`` makes the scheduler hold
 adapters back and the manager evict and reload them, with the same tokens.
-Bad adapters fail their request with one line, and the engine keeps serving.
+Bad adapters (a rank above max_lora_rank, a module the model lacks, a missing
+file, matrices shaped for another base model) fail their request with one
+line, and the engine keeps serving.
 """
 
 from __future__ import annotations
@@ -165,8 +167,17 @@ def test_bad_adapters_fail_their_request_with_one_line(adapters, tmp_path):
         "base_model.model.lm_head.lora_B.weight": torch.zeros(49152, 4),
     }
     _write_adapter(tmp_path / "head", {"r": 4, "lora_alpha": 4}, lm_head)
+    wider = {  # q_proj of a base with hidden size 960 (SmolLM2-360M), not 576
+        key.format("q_proj", "A"): torch.zeros(8, 960),
+        key.format("q_proj", "B"): torch.zeros(960, 8),
+    }
+    _write_adapter(tmp_path / "other-base", {"r": 8, "lora_alpha": 8}, wider)
     cases = [
         (LoRARequest("big", 3, str(tmp_path / "big")), "rank r=16 is greater than max_lora_rank=8"),
+        (
+            LoRARequest("other-base", 6, str(tmp_path / "other-base")),
+            r"q_proj.lora_A has shape \[8, 960\], but this base model needs \[8, 576\]",
+        ),
         (LoRARequest("head", 4, str(tmp_path / "head")), r"target modules \['lm_head'\]"),
         (LoRARequest("gone", 5, str(tmp_path / "gone")), "no file adapter_config.json"),
     ]

@@ -15,6 +15,11 @@ and ``max_loras`` of them in the layers' slots (``_active_adapters``,
 adapter that is not in a slot takes the first free slot, after evicting the
 least recently used active adapter when all are taken; the scheduler's
 ``max_loras`` limit guarantees that a step's adapters all fit.
+
+``load_adapter`` also checks each matrix's shape against the projection it
+adapts (an adapter made for another base model fails with one line), where
+upstream copies the matrix into its slot at activation and fails there only if
+it is too large (UPSTREAM_PIN.md, Phase 11).
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ class LRUCacheLoRAModelManager:
         self._registered_adapters: OrderedDict[int, LoRAModel] = OrderedDict()
         self._active_adapters: OrderedDict[int, None] = OrderedDict()
         self.modules: dict[str, BaseLinearLayerWithLoRA] = {}
+        # PEFT module name -> (in, out) of the projection (the shard of a fused layer).
+        self.module_shapes: dict[str, tuple[int, int]] = {}
         self._create_lora_modules(device)
 
     def _create_lora_modules(self, device) -> None:
@@ -80,16 +87,39 @@ class LRUCacheLoRAModelManager:
             layer.punica_wrapper = self.punica_wrapper
             setattr(parent, child, layer)
             self.modules[name] = layer
+            parts = PACKED_MODULES_MAPPING.get(child, [child])
+            for part, size in zip(parts, layer.output_slices, strict=True):
+                self.module_shapes[f"{parent_name}.{part}"] = (layer.base_layer.input_size, size)
 
     def load_adapter(self, lora_request: LoRARequest) -> LoRAModel:
         """Read and check the adapter's PEFT folder (ValueError, one line, if bad)."""
-        return LoRAModel.from_local_checkpoint(
+        lora = LoRAModel.from_local_checkpoint(
             lora_request.lora_path,
             SUPPORTED_LORA_MODULES,
             lora_request.lora_int_id,
             self.lora_config.max_lora_rank,
             self.dtype,
         )
+        self._check_shapes(lora, lora_request.lora_path)
+        return lora
+
+    def _check_shapes(self, lora: LoRAModel, lora_dir: str) -> None:
+        """Each lora_A must be [r, in] and each lora_B [out, r] for the
+        projection it adapts: other shapes mean an adapter for another base
+        model. A module this model lacks (a layer past its last) is skipped,
+        as upstream's ``activate_adapter`` skips it."""
+        for name, weights in lora.loras.items():
+            if name not in self.module_shapes:
+                continue
+            d_in, d_out = self.module_shapes[name]
+            wants = {"A": (weights.rank, d_in), "B": (d_out, weights.rank)}
+            for part, tensor in (("A", weights.lora_a), ("B", weights.lora_b)):
+                if tuple(tensor.shape) != wants[part]:
+                    raise ValueError(
+                        f"LoRA adapter {lora_dir!r}: {name}.lora_{part} has shape "
+                        f"{list(tensor.shape)}, but this base model needs {list(wants[part])} "
+                        "(an adapter for another base model?)."
+                    )
 
     def add_adapter(self, lora: LoRAModel) -> bool:
         """Keep ``lora`` loaded on the host (evicting the least recently used
