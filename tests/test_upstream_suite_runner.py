@@ -49,7 +49,6 @@ def test_hangs():
 """
 
 
-@pytest.mark.timeout(300)
 def test_a_run_that_hangs_is_stopped_and_named(monkeypatch, tmp_path):
     """A pytest run past its limit is killed (with everything it started) and
     the error names the target and the file; without the limit this test
