@@ -1,5 +1,6 @@
 """Helpers to build and drive a mini_vllm Scheduler without a model, and the
-transformers greedy loop that model runs are compared against (``hf_greedy``).
+transformers greedy loop that model runs are compared against (``hf_greedy``),
+and the tiny seeded LLaVA checkpoint of Phase 13 (``make_tiny_llava``).
 
 The keyword names follow upstream's test helpers (tests/v1/core/utils.py:
 ``create_scheduler``, ``create_requests``), and ``mini_vllm.oracle.upstream``
@@ -35,6 +36,7 @@ from mini_vllm.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from mini_vllm.lora.request import LoRARequest
+from mini_vllm.model_executor.model_loader.tiny_llava import make_tiny_llava
 from mini_vllm.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -55,6 +57,7 @@ __all__ = [
     "KVConnectorOutput",
     "DraftTokenIds",
     "RecordingGrammar",
+    "make_tiny_llava",
 ]
 
 

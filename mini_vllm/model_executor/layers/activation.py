@@ -1,7 +1,8 @@
 """SiluAndMul: the gated activation of a SwiGLU MLP.
 
 Mirrors upstream ``vllm/model_executor/layers/activation.py`` at v0.22.1
-(``SiluAndMul`` at :118). Left out: the fused CUDA/XPU kernel behind
+(``SiluAndMul`` at :118; ``QuickGELU`` at :505 and ``get_act_fn`` at :736
+for the vision tower, Phase 13). Left out: the fused CUDA/XPU kernels behind
 CustomOp, and every other activation in that file.
 
 The MLP's gate and up projections are computed by one matmul whose output
@@ -21,3 +22,26 @@ class SiluAndMul(nn.Module):
         """x [..., 2 * d] -> [..., d]."""
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
+
+
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 x)``: CLIP's activation (upstream ``QuickGELU``, activation.py:505)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+# The activations the vision tower and projector name (upstream's
+# ``_ACTIVATION_REGISTRY``, activation.py:706, cut down).
+_ACTIVATION_REGISTRY = {"gelu": nn.GELU, "quick_gelu": QuickGELU, "silu": nn.SiLU}
+
+
+def get_act_fn(act_fn_name: str) -> nn.Module:
+    """The activation a config names (upstream's ``get_act_fn``, activation.py:736)."""
+    name = act_fn_name.lower()
+    if name not in _ACTIVATION_REGISTRY:
+        raise ValueError(
+            f"Activation function {act_fn_name!r} is not supported; "
+            f"use one of {sorted(_ACTIVATION_REGISTRY)}"
+        )
+    return _ACTIVATION_REGISTRY[name]()

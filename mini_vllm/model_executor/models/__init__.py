@@ -4,8 +4,9 @@ Mirrors upstream ``vllm/model_executor/models/registry.py`` at v0.22.1
 (the ``_TEXT_GENERATION_MODELS`` table and
 ``_ModelRegistry.resolve_model_cls`` at :1202), cut down to a dict of the
 architectures mini_vllm implements. Left out: lazy imports, out-of-tree
-registration, the Transformers-backend fallback, pooling / multimodal
-models and model inspection.
+registration, the Transformers-backend fallback, pooling models, every
+multimodal model but LLaVA (upstream's multimodal table, registry.py:345: one
+table here) and model inspection.
 
 Every class here has the same interface: ``Model(hf_config)``,
 ``forward(input_ids [T], positions [T]) -> hidden_states [T, hidden]``,
@@ -19,6 +20,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from mini_vllm.model_executor.models.llama import LlamaForCausalLM
+from mini_vllm.model_executor.models.llava import LlavaForConditionalGeneration
 from mini_vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 _TEXT_GENERATION_MODELS: dict[str, type[nn.Module]] = {
@@ -28,6 +30,8 @@ _TEXT_GENERATION_MODELS: dict[str, type[nn.Module]] = {
     # (``layer_types``), which upstream's llama.py honours (:184-203).
     # Upstream's table has no entry for it (its Transformers backend runs it).
     "MinistralForCausalLM": LlamaForCausalLM,
+    # A vision-language model (Phase 13): CLIP tower + projector + Llama.
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
 }
 
 # For configs that name no architecture (transformers' GGUF parsing, say).
@@ -35,6 +39,7 @@ _MODEL_TYPE_TO_ARCH = {
     "llama": "LlamaForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "ministral": "MinistralForCausalLM",
+    "llava": "LlavaForConditionalGeneration",
 }
 
 
@@ -62,4 +67,10 @@ def resolve_model_cls(hf_config: PretrainedConfig) -> type[nn.Module]:
     return _TEXT_GENERATION_MODELS[arch]
 
 
-__all__ = ["LlamaForCausalLM", "Qwen3ForCausalLM", "get_supported_archs", "resolve_model_cls"]
+__all__ = [
+    "LlamaForCausalLM",
+    "LlavaForConditionalGeneration",
+    "Qwen3ForCausalLM",
+    "get_supported_archs",
+    "resolve_model_cls",
+]

@@ -218,8 +218,20 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids)
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``inputs_embeds`` [T, hidden], when given, replaces the embedding lookup
+        (a multimodal model's merged text and image embeddings, Phase 13)."""
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        hidden_states = inputs_embeds
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
@@ -246,9 +258,19 @@ class LlamaForCausalLM(nn.Module):
                 config.vocab_size, config.hidden_size, quant_config, prefix="lm_head"
             )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions: int64 [T] (flat batch) -> hidden_states [T, hidden]."""
-        return self.model(input_ids, positions)
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [T] -> their embeddings [T, hidden] (upstream's ``embed_input_ids``)."""
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions: int64 [T] (flat batch) -> hidden_states [T, hidden];
+        ``inputs_embeds`` [T, hidden] instead of the ids' embeddings when given."""
+        return self.model(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [N, hidden] (the rows to sample from) -> logits [N, vocab]."""
