@@ -34,6 +34,7 @@ from mini_vllm.lora.layers import BaseLinearLayerWithLoRA
 from mini_vllm.lora.lora_model import LoRAModel
 from mini_vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 from mini_vllm.lora.request import LoRARequest
+from mini_vllm.lora.utils import is_supported_lora_module
 
 # The model's fused layers and the PEFT modules (Hugging Face names) each
 # holds, in shard order (upstream's ``packed_modules_mapping`` of Llama).
@@ -74,7 +75,7 @@ class LRUCacheLoRAModelManager:
         names = [
             name
             for name, module in self.model.named_modules()
-            if name.rsplit(".", 1)[-1] in (*PACKED_MODULES_MAPPING, *SUPPORTED_LORA_MODULES)
+            if is_supported_lora_module(name, [*PACKED_MODULES_MAPPING, *SUPPORTED_LORA_MODULES])
             and hasattr(module, "output_sizes")
         ]
         for name in names:

@@ -11,8 +11,8 @@ serving stack) and ``--upstream-target``:
   back mini_vllm's module where mini_vllm has one (``MODULE_MAP``). A name
   mini_vllm's module lacks becomes a ``Missing`` stand-in, so the test file still
   imports and only the tests that use the name fail, saying which name. Modules
-  mini_vllm does not have (multimodal, LoRA, KV events...) stay upstream's: only
-  out-of-scope tests need them.
+  mini_vllm does not have (multimodal, LoRA layers and Triton kernels, KV
+  events...) stay upstream's: only out-of-scope tests need them.
 
 Environment adaptations (the whole list; no test body is edited):
 1. ``DeviceConfig(device="auto")`` becomes ``"cpu"``: without a GPU, upstream's
@@ -91,6 +91,11 @@ what a test checks):
 - ``build_logitsprocs``, which mini has in its runner (without min_tokens,
   which its batch keeps), is built from mini's three built-ins in upstream's
   order for the logits-processor tests;
+- ``Request`` and ``CachedRequestState`` take a ``lora_request`` (mini's
+  ``LoRARequest``, Phase 11); ``generate_block_hash_extra_keys`` takes
+  upstream's block range and first multimodal index and hands the index
+  back, while mini's takes only the request (its one key, the adapter's
+  name, is the same for every block);
 - names mini_vllm spells otherwise: ``apply_top_k_top_p_pytorch`` is mini's
   ``apply_top_k_top_p``, ``_find_longest_matched_ngram_and_propose_tokens``
   is ``NgramProposer(...).propose_one``; upstream's ``ConstantList`` (a
@@ -132,6 +137,9 @@ MODULE_MAP = {
     "vllm.config": "mini_vllm.config",
     "vllm.sampling_params": "mini_vllm.sampling_params",
     "vllm.utils.hashing": "mini_vllm.utils.hashing",
+    "vllm.lora.request": "mini_vllm.lora.request",
+    "vllm.lora.ops.torch_ops": "mini_vllm.lora.ops.torch_ops",
+    "vllm.lora.utils": "mini_vllm.lora.utils",
     "vllm.v1.request": "mini_vllm.request",
     "vllm.v1.outputs": "mini_vllm.outputs",
     "vllm.v1.engine": "mini_vllm.engine",
@@ -514,8 +522,7 @@ def _request():
     from mini_vllm.request import Request
 
     return _accepting_absent_features(
-        Request,
-        ("pooling_params", "mm_features", "lora_request", "cache_salt", "prompt_embeds"),
+        Request, ("pooling_params", "mm_features", "cache_salt", "prompt_embeds")
     )
 
 
@@ -786,7 +793,7 @@ def _input_batch():
 
 def _cached_request_state():
     state = module_for("vllm.v1.worker.gpu_input_batch").CachedRequestState
-    return _accepting_absent_features(state, ("pooling_params", "mm_features", "lora_request"))
+    return _accepting_absent_features(state, ("pooling_params", "mm_features"))
 
 
 def _as_if_defined_in(func, module):
@@ -901,6 +908,21 @@ def _sample_recovered_tokens():
     return sample_recovered_tokens
 
 
+def _generate_block_hash_extra_keys():
+    kv_cache_utils = module_for("vllm.v1.core.kv_cache_utils")
+    generate = kv_cache_utils.generate_block_hash_extra_keys
+    if len(inspect.signature(generate).parameters) > 1:
+        return generate  # upstream's signature already
+
+    def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
+        """Upstream's signature: a block range and the first multimodal input
+        to look at, and the next one back. mini's keys (the LoRA name only)
+        are the same for every block of a request, so it takes the request."""
+        return generate(request), start_mm_idx
+
+    return generate_block_hash_extra_keys
+
+
 def _find_longest_matched_ngram():
     NgramProposer = module_for("vllm.v1.spec_decode.ngram_proposer").NgramProposer
 
@@ -933,6 +955,9 @@ ADAPTER_FACTORIES = {
     ("vllm.v1.sample.rejection_sampler", "RejectionSampler"): _rejection_sampler,
     ("vllm.v1.worker.gpu_input_batch", "InputBatch"): _input_batch,
     ("vllm.v1.worker.gpu_input_batch", "CachedRequestState"): _cached_request_state,
+    ("vllm.v1.core.kv_cache_utils", "generate_block_hash_extra_keys"): (
+        _generate_block_hash_extra_keys
+    ),
     ("vllm.v1.spec_decode.ngram_proposer", "_find_longest_matched_ngram_and_propose_tokens"): (
         _find_longest_matched_ngram
     ),
