@@ -130,3 +130,30 @@ def test_lora_modules_parse_and_need_enable_lora(capsys, tmp_path):
     assert (
         capsys.readouterr().err == "mini-vllm serve: error: --lora-modules needs --enable-lora.\n"
     )
+
+
+def test_a_bad_adapter_stops_start_up_with_one_line(tmp_path):
+    """An adapter made for another base model (q_proj 8 columns wider than
+    this model's hidden size) or a folder without its files: the server does
+    not start, and the error is one line naming the adapter."""
+    from safetensors.torch import save_file
+
+    model = tiny_text_model()
+    hidden = json.loads(open(f"{model}/config.json").read())["hidden_size"]
+    wider = tmp_path / "wider"
+    wider.mkdir()
+    (wider / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 4}))
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+    tensors = {key.format("A"): torch.ones(4, hidden + 8), key.format("B"): torch.ones(hidden, 4)}
+    save_file(tensors, str(wider / "adapter_model.safetensors"))
+    engine = AsyncLLM.from_model(model, model_name=MODEL_NAME, **ENGINE_ARGS)
+    try:
+        for path, message in [
+            (wider, rf"q_proj.lora_A has shape \[4, {hidden + 8}\], but this base model needs"),
+            (tmp_path / "gone", "no file adapter_config.json"),
+        ]:
+            with pytest.raises(ValueError, match=message) as info:
+                ServerThread(engine, model, MODEL_NAME, [LoRAModulePath("bad", str(path))])
+            assert "\n" not in str(info.value)
+    finally:
+        engine.shutdown()
