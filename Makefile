@@ -119,6 +119,7 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.spec_step_cost
 	$(BIN)/python -m mini_vllm.benchmarks.structured_output
 	$(BIN)/python -m mini_vllm.benchmarks.quantization --threads 1
+	$(BIN)/python -m mini_vllm.benchmarks.lora --threads 1
 
 labs: setup
 	$(BIN)/python -m mini_vllm.grading generate
