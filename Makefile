@@ -7,12 +7,13 @@ SETUP_STAMP    := $(VENV)/.setup-done
 UPSTREAM_STAMP := $(VENV)/.upstream-done
 JUPYTER_STAMP  := $(VENV)/.jupyter-done
 
-.PHONY: setup model xgrammar upstream demo serve scheduler-demo test test-deep test-no-upstream lint snapshots bench clean help \
+.PHONY: setup model xgrammar upstream demo serve disagg scheduler-demo test test-deep test-no-upstream lint snapshots bench clean help \
         labs diff-upstream notebooks jupyter upstream-tests
 
 help:
 	@echo "make demo       generate text with SmolLM2-135M through mini_vllm (sets up .venv first)"
 	@echo "make serve      OpenAI-compatible server on 127.0.0.1:8000 (MODEL=..., PORT=...; SmolLM2 by default)"
+	@echo "make disagg     prefill server :8100 + decode server :8200 + proxy on :\$$PORT (Phase 15; MODEL=...)"
 	@echo "make scheduler-demo  watch the scheduler step by step with a fake model"
 	@echo "make test       lint, every test and notebook at the fast tier's counts, upstream's own tests"
 	@echo "make test-deep  the same at full counts, plus the tests marked deep (see tests/README.md)"
@@ -70,6 +71,12 @@ demo: setup
 PORT ?= 8000
 serve: setup
 	$(BIN)/python -m mini_vllm serve $(MODEL) --port $(PORT)
+
+# Disaggregated serving (Phase 15): a prefill and a decode server (mini-vllm serve
+# with --kv-transfer-config naming the ZmqConnector) and the proxy in front, on $(PORT).
+disagg: setup
+	$(BIN)/python -m mini_vllm.entrypoints.disagg_proxy --launch --port $(PORT) \
+		--prefiller-port 8100 --decoder-port 8200 $(if $(MODEL),-- $(MODEL))
 
 scheduler-demo: setup
 	$(BIN)/python -m mini_vllm.oracle.demo

@@ -33,6 +33,11 @@ its path as ``root`` and the base model as ``parent``
 (``OpenAIServingModels.show_available_models``
 (vllm/entrypoints/openai/models/serving.py:142)).
 
+KV connectors: ``--kv-transfer-config '{"kv_connector": ..., "kv_role": ...}'``,
+upstream's flag, a JSON of KVTransferConfig's fields; a request's
+``kv_transfer_params`` reach the connector and the prefill engine's answer
+carries them back (disaggregated serving: mini_vllm/entrypoints/disagg_proxy.py).
+
 Left out: API keys, CORS, loading or unloading adapters at run time,
 tokenization/embedding/score/audio routes,
 multiple API server processes, SageMaker routes, the request logger.
@@ -44,6 +49,7 @@ import argparse
 import asyncio
 import dataclasses
 import functools
+import json
 import socket
 import threading
 import time
@@ -284,7 +290,26 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         choices=["auto", "cpu", "torch", "triton"],
         help="auto: triton on CUDA, cpu (batched torch) on CPU; torch: the readable reference",
     )
+    parser.add_argument(
+        "--kv-transfer-config",
+        type=parse_kv_transfer_config,
+        default=None,
+        help='a KV connector, as JSON: {"kv_connector": "ZmqConnector", "kv_role": '
+        '"kv_both", ...} (Phase 15; upstream\'s flag of the same name)',
+    )
     return parser
+
+
+def parse_kv_transfer_config(text: str) -> dict:
+    """``--kv-transfer-config``'s JSON, checked as KVTransferConfig checks it."""
+    from mini_vllm.config import KVTransferConfig
+
+    try:
+        config = json.loads(text)
+        KVTransferConfig.from_dict(config)
+    except (json.JSONDecodeError, ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    return config
 
 
 def build_async_engine_client(args: argparse.Namespace) -> AsyncLLM:
@@ -314,6 +339,7 @@ def build_async_engine_client(args: argparse.Namespace) -> AsyncLLM:
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
+        kv_transfer_config=getattr(args, "kv_transfer_config", None),
     )
 
 

@@ -155,6 +155,9 @@ class _SamplingRequest(OpenAIBaseModel):
     # Structured outputs (Phase 12): vLLM's field, passed on by name, and OpenAI's.
     structured_outputs: StructuredOutputsParams | None = None
     response_format: ResponseFormat | None = None
+    # Disaggregated serving (Phase 15): the KV connector's parameters, passed
+    # on in SamplingParams.extra_args (vllm/entrypoints/openai/completion/protocol.py:310).
+    kv_transfer_params: dict[str, Any] | None = None
     # Accepted at these defaults only (UNSUPPORTED).
     use_beam_search: bool = False
     prompt_logprobs: int | None = None
@@ -237,6 +240,8 @@ class _SamplingRequest(OpenAIBaseModel):
         kwargs = {**self.sampling_kwargs(), "max_tokens": max_tokens}
         if (structured_outputs := self.structured_outputs_params()) is not None:
             kwargs["structured_outputs"] = structured_outputs
+        if self.kv_transfer_params:
+            kwargs["extra_args"] = {"kv_transfer_params": self.kv_transfer_params}
         if kwargs.get("logit_bias"):
             # As upstream's SamplingParams.from_optional (vllm/sampling_params.py:325):
             # JSON keys are strings; biases are clipped to [-100, 100].
@@ -329,6 +334,8 @@ class CompletionResponse(OpenAIBaseModel):
     choices: list[CompletionResponseChoice]
     system_fingerprint: str | None = None
     usage: UsageInfo
+    # The prefill engine's answer to a disaggregated request (Phase 15).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class CompletionResponseStreamChoice(OpenAIBaseModel):

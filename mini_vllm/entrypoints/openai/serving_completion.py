@@ -265,6 +265,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 total_tokens=num_prompt_tokens + num_generated_tokens,
             ),
             system_fingerprint=self.system_fingerprint,
+            kv_transfer_params=final_res_batch[0].kv_transfer_params,
         )
 
     def _create_completion_logprobs(
