@@ -122,6 +122,7 @@ class AsyncLLM(_reference.AsyncLLM):
                         [completion],
                         finished=all(out is not None for out in final),
                         metrics=output.metrics,
+                        kv_transfer_params=output.kv_transfer_params,
                     )
             if output_kind == RequestOutputKind.FINAL_ONLY:
                 completions = []
@@ -136,6 +137,7 @@ class AsyncLLM(_reference.AsyncLLM):
                     completions,
                     finished=True,
                     metrics=first.metrics,
+                    kv_transfer_params=first.kv_transfer_params,
                 )
         except BaseException:
             # BEGIN LAB 16.3: the caller went away: abort what still runs
