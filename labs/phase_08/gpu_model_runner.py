@@ -27,6 +27,7 @@ from mini_vllm.worker import gpu_model_runner as _reference
 from mini_vllm.worker.gpu_model_runner import (  # noqa: F401
     PreparedInputs,
     build_logitsprocs,
+    logger,
     reorder_threshold_of,
 )
 

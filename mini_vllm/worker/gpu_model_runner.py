@@ -48,6 +48,7 @@ Invariant: between steps, for every request in the batch, row ``i`` of
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -86,6 +87,8 @@ from mini_vllm.spec_decode.ngram_proposer import NgramProposer
 from mini_vllm.structured_output.utils import apply_grammar_bitmask
 from mini_vllm.utils import CpuGpuBuffer
 from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -671,7 +674,15 @@ class GPUModelRunner:
         assert connector is not None and scheduler_output.kv_connector_metadata is not None
         output = KVConnectorOutput()
         connector.bind_connector_metadata(scheduler_output.kv_connector_metadata)
-        connector.start_load_kv(get_forward_context())
+        load_failed_block_ids: set[int] = set()
+        try:
+            connector.start_load_kv(get_forward_context())
+        except Exception as e:
+            # Upstream's engine dies here. mini_vllm reports the blocks this
+            # step's requests started from as failed loads: each such request
+            # is recomputed or fails alone, by kv_load_failure_policy.
+            load_failed_block_ids = self._blocks_started_from(scheduler_output)
+            logger.error("KV connector start_load_kv raised (%s: %s)", type(e).__name__, e)
         try:
             yield output
         finally:
@@ -680,8 +691,27 @@ class GPUModelRunner:
             output.finished_sending, output.finished_recving = connector.get_finished(
                 scheduler_output.finished_req_ids
             )
-            output.invalid_block_ids = connector.get_block_ids_with_load_errors()
+            output.invalid_block_ids = (
+                connector.get_block_ids_with_load_errors() | load_failed_block_ids
+            )
             connector.clear_connector_metadata()
+
+    def _blocks_started_from(self, scheduler_output: SchedulerOutput) -> set[int]:
+        """The blocks holding the computed tokens that this step's new and
+        resumed requests start from: where a connector loads. The runner
+        cannot tell a load from a local prefix hit, so both count."""
+        starts = [
+            (r.block_ids[0], r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs
+        ]
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if req_id in cached.resumed_req_ids and cached.new_block_ids[i] is not None:
+                starts.append((cached.new_block_ids[i][0], cached.num_computed_tokens[i]))
+        return {
+            block_id
+            for block_ids, num_computed in starts
+            for block_id in block_ids[: -(-num_computed // self.block_size)]
+        }
 
     def propose_draft_token_ids(self, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Next step's drafts, one list per row (empty where the row sampled
