@@ -172,7 +172,11 @@ def run(args) -> dict:
             loras = cycle_rows(adapters[rank][:n], args.rows)
             cases.append((f"mixed {n}", rank, engines[rank], loras))
             cases.append((f"separate {n}", rank, engines[rank], loras))
-    for _, _, llm, loras in cases:  # untimed warm-up: adapters loaded, one-off costs paid
+    # Untimed warm-up, once per engine with the most adapters it serves: the
+    # adapters are loaded and one-off costs paid before anything is timed.
+    warm = {id(llm): (llm, loras) for _, _, llm, loras in cases if loras.count(None) < len(loras)}
+    warm.setdefault(id(base_llm), (base_llm, [None] * args.rows))
+    for llm, loras in warm.values():
         timed_run(llm, prompts, loras, 2)
     # per case, per clock ("wall", "cpu"): decode-step seconds and prefill-step seconds
     raw: dict[tuple, dict] = {}
