@@ -59,3 +59,20 @@ def test_parallel_config_resolves_and_refuses():
             model_config=ModelConfig(quantization="int8_per_channel"),
             parallel_config=ParallelConfig(tensor_parallel_size=2),
         )
+
+
+def test_cli_and_server_take_the_tensor_parallel_flags(capsys):
+    import argparse
+
+    from mini_vllm.entrypoints import cli
+    from mini_vllm.entrypoints.openai.api_server import add_server_args
+
+    # Checked before the model loads (the model path does not exist).
+    code = cli.main(["--model", "/nonexistent/model", "-tp", "0", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code != 0
+    assert err == "mini-vllm: error: --tensor-parallel-size must be an integer >= 1, got 0."
+    args = add_server_args(argparse.ArgumentParser()).parse_args(
+        ["--tensor-parallel-size", "3", "--distributed-executor-backend", "mp"]
+    )
+    assert (args.tensor_parallel_size, args.distributed_executor_backend) == (3, "mp")
