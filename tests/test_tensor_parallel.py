@@ -7,7 +7,9 @@ same model's with one process and transformers' on the same weights:
 
 - fast: the tiny seeded Llama (4 query heads, 2 KV heads) with TP=2; each
   rank's KV cache holds one KV head, so a block takes half the bytes and
-  the same byte budget holds twice the requests. Then one worker is killed:
+  the same byte budget holds twice the requests; each step does one
+  all-reduce for the embedding and two a layer (after o_proj, after
+  down_proj) and one all-gather of the logits. Then one worker is killed:
   the next ``generate`` fails with an error naming the dead rank, and no
   worker process is left;
 - deep: SmolLM2-135M (9 query heads, 3 KV heads) with TP=3, and a worker
@@ -85,6 +87,19 @@ def test_tiny_llama_tp2_equals_tp1_and_transformers_and_a_dead_worker_fails(tiny
         assert concurrency(split) >= 2 * concurrency(whole) - 0.5, (
             "the same KV budget per rank should hold twice the requests with TP=2"
         )
+
+        # One all-reduce for the embedding, then one after o_proj and one after
+        # down_proj in each layer; one all-gather of the logits: every step.
+        core, hf_config = split.llm_engine.engine_core, split.llm_engine.hf_config
+        per_forward = 1 + 2 * hf_config.num_hidden_layers
+        for rank, stats in enumerate(core.model_executor.collective_rpc("comm_stats")):
+            assert stats["calls"] == {
+                "all_reduce": per_forward * core.num_steps,
+                "all_gather": core.num_steps,
+            }, f"rank {rank}: collectives {stats['calls']} over {core.num_steps} steps"
+            assert stats["bytes"]["all_reduce"] == (
+                per_forward * core.num_scheduled_tokens * hf_config.hidden_size * 4
+            ), f"rank {rank}: all-reduced bytes"
 
         executor = split.llm_engine.engine_core.model_executor
         procs = list(executor.procs)

@@ -19,7 +19,9 @@ world into groups of ``tp`` consecutive ranks; a parallel layer asks
 A ``GroupCoordinator`` holds two torch.distributed groups over the same
 ranks: ``device_group`` on the run's backend (NCCL on CUDA, gloo on CPU) for
 tensors, and ``cpu_group`` on gloo for Python objects, as upstream's.
-Collectives on a group of one return their input untouched.
+Collectives on a group of one return their input untouched. Each
+coordinator counts the tensor collectives it ran and their input bytes
+(``comm_calls``, ``comm_bytes``; mini_vllm's, for measuring a step).
 
 Left out: pipeline, data, expert and context parallel groups, the device
 communicators (custom all-reduce, symmetric memory, the CPU shm all-reduce:
@@ -36,6 +38,7 @@ single-process executor initialises a world of one instead.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -78,6 +81,14 @@ class GroupCoordinator:
             self.device = torch.device(f"cuda:{local_rank}")
         else:
             self.device = torch.device("cpu")
+        # mini_vllm only: how many tensor collectives ran, and their input
+        # bytes, by name (what a TP step costs in communication).
+        self.comm_calls: Counter[str] = Counter()
+        self.comm_bytes: Counter[str] = Counter()
+
+    def _count(self, name: str, input_: torch.Tensor) -> None:
+        self.comm_calls[name] += 1
+        self.comm_bytes[name] += input_.numel() * input_.element_size()
 
     @property
     def is_first_rank(self) -> bool:
@@ -88,6 +99,7 @@ class GroupCoordinator:
         (computed in place; the sum is returned)."""
         if self.world_size == 1:
             return input_
+        self._count("all_reduce", input_)
         dist.all_reduce(input_, group=self.device_group)
         return input_
 
@@ -99,6 +111,7 @@ class GroupCoordinator:
         if not -input_.dim() <= dim < input_.dim():
             raise ValueError(f"dim {dim} is out of range for a tensor of shape {input_.shape}")
         dim %= input_.dim()
+        self._count("all_gather", input_)
         # Gather along a new leading dim, then move it next to ``dim`` and merge.
         out = torch.empty(
             (self.world_size * input_.shape[0],) + tuple(input_.shape[1:]),

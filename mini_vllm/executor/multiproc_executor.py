@@ -252,6 +252,13 @@ class WorkerProc:
         output = self.runner.execute_model(scheduler_output, grammar_output)
         return output, self.runner.forward_time
 
+    def comm_stats(self) -> dict:
+        """This rank's tensor collectives so far: {"calls": {...}, "bytes": {...}}."""
+        from mini_vllm.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        return {"calls": dict(group.comm_calls), "bytes": dict(group.comm_bytes)}
+
     @staticmethod
     def worker_main(*args, conn: Connection) -> None:
         """The worker process: set up, then serve calls until told to stop."""
