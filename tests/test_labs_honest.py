@@ -24,8 +24,8 @@ What runs once per phase, not three times (CI's time; each saving below
 says which run keeps the proof):
 
 - the line of upstream's own unit tests (information, not points; the
-  phases in the upstream suite's ``LAB_FILES``: 02, 03, 05, 06, 07, 08, 12
-  and 14) runs on the starters and on the solved copy, where its count is
+  phases in the upstream suite's ``LAB_FILES``: 02, 03, 05, 06, 07, 08, 12,
+  14 and 15) runs on the starters and on the solved copy, where its count is
   checked: all pass on the solved copy, not all on the starters (so it
   grades the student's code, not the reference's). The reference's run
   leaves it out (``--no-upstream-tests``): ``make upstream-tests``, also in
@@ -52,15 +52,15 @@ says which run keeps the proof):
   same reason; the reference's quantized runs are proven by
   tests/test_quantization_gguf.py, test_quantization_linear.py and
   test_kv_cache_fp8.py.
-- Lab 11.4 (the LoRA layer and wrapper against upstream's, then SmolLM2
-  with two PEFT adapters through an engine built from every Phase 11 piece,
-  greedy tokens equal to transformers + peft's) runs on the solved copy
-  only, for the same reason; the reference engine's LoRA tokens are proven
-  against transformers + peft by tests/test_lora_engine.py.
 - Lab 07.4 (a tiny hybrid Ministral through an engine built from every Phase
   07 piece, greedy tokens equal to transformers') runs on the solved copy
   only, for the same reason; the reference engine's hybrid tokens are proven
   against transformers' by tests/test_hybrid_model.py.
+- Lab 15.4 (SmolLM2 through an engine built from every Phase 15 piece: a
+  fresh engine skips the prefill a first one stored, greedy tokens equal a
+  connector-less run's and transformers') runs on the solved copy only, for
+  the same reason; the reference engine's stored-prefix runs are proven by
+  tests/test_example_connector.py.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ SOLVED_COPY_ONLY = {
     "07": "07.4",
     "08": "08.4",
     "10": "10.4",
-    "11": "11.4",
     "12": "12.4",
+    "15": "15.4",
 }
 
 

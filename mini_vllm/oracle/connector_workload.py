@@ -61,9 +61,14 @@ def connector_config(backend, workload: Workload) -> dict:
     return config
 
 
-def run_connector_workload(backend, workload: Workload) -> dict:
-    """Run a connector workload to completion and return its trace."""
-    sched = backend.create_scheduler(**connector_config(backend, workload))
+def run_connector_workload(backend, workload: Workload, scheduler_cls: type | None = None) -> dict:
+    """Run a connector workload to completion and return its trace.
+    ``scheduler_cls``: a Scheduler class to build instead of the backend's
+    own (a lab's, for the graded lockstep)."""
+    config = connector_config(backend, workload)
+    if scheduler_cls is not None:
+        config["scheduler_cls"] = scheduler_cls
+    sched = backend.create_scheduler(**config)
     connector = sched.connector
     eos = backend.EOS_TOKEN_ID
     specs = {s.req_id: s for s in workload.requests}

@@ -323,21 +323,14 @@ class Scheduler(SchedulerInterface):
         # (the loop mirrors vllm/v1/core/sched/scheduler.py:548-806)
         # The adapters the running requests scheduled this step already use
         # (vllm/v1/core/sched/scheduler.py:534-542).
-        # BEGIN LAB 11.1: the adapters the running requests already use this step
-        # HINT: receives scheduled_running_reqs; leaves scheduled_loras, the set of
-        # HINT: adapter ids (lora_request.lora_int_id) of the running requests
-        # HINT: scheduled this step (empty without a lora_config, and requests on the
-        # HINT: base model, lora_request None, add nothing). Running requests were
-        # HINT: admitted under the limit, so there are at most max_loras of them.
         scheduled_loras: set[int] = set()
         if self.lora_config is not None:
             scheduled_loras = {
-                running_req.lora_request.lora_int_id
-                for running_req in scheduled_running_reqs
-                if running_req.lora_request is not None
+                req.lora_request.lora_int_id
+                for req in scheduled_running_reqs
+                if req.lora_request is not None
             }
             assert len(scheduled_loras) <= self.lora_config.max_loras
-        # END LAB 11.1
         step_skipped_waiting = create_request_queue(self.policy)
         while self.waiting or self.skipped_waiting:
             # BEGIN LAB 03.1: the three admission gates
@@ -371,14 +364,6 @@ class Scheduler(SchedulerInterface):
             # END LAB 12.1
             # A new adapter when max_loras are already in this step: pass over
             # the request, as over a compiling grammar (scheduler.py:571-581).
-            # BEGIN LAB 11.1: hold back a request whose adapter would exceed max_loras
-            # HINT: receives request (the head of request_queue), scheduled_loras and
-            # HINT: step_skipped_waiting; moves on with `continue` or leaves request
-            # HINT: to be admitted. An adapter not yet in this step's set, when the set
-            # HINT: already holds max_loras ids, must wait: take it out of its queue for
-            # HINT: this step (into step_skipped_waiting, at the front, as a compiling
-            # HINT: grammar's request) so the requests behind it may still run. A request
-            # HINT: on the base model, or on an adapter already in the set, goes on.
             if (
                 self.lora_config is not None
                 and request.lora_request is not None
@@ -388,7 +373,6 @@ class Scheduler(SchedulerInterface):
                 request_queue.pop_request()
                 step_skipped_waiting.prepend_request(request)
                 continue
-            # END LAB 11.1
 
             num_external_computed_tokens = 0
             load_kv_async = False
@@ -407,6 +391,12 @@ class Scheduler(SchedulerInterface):
 
                 # A KV connector may hold more of the prompt than the local
                 # prefix cache (mirrors vllm/v1/core/sched/scheduler.py:597-623).
+                # BEGIN LAB 15.1: ask the connector for the tokens it holds beyond the local hit
+                # HINT: receives request, num_new_local_computed_tokens, num_computed_tokens;
+                # HINT: leaves num_external_computed_tokens, load_kv_async, num_computed_tokens.
+                # HINT: Only with a connector. It answers (tokens, asynchronous?) for the
+                # HINT: tokens past the LOCAL hit; None means "not known yet": pass the
+                # HINT: request over this step (off the queue, into step_skipped_waiting).
                 if self.connector is not None:
                     ext_tokens, load_kv_async = self.connector.get_num_new_matched_tokens(
                         request, num_new_local_computed_tokens
@@ -418,6 +408,7 @@ class Scheduler(SchedulerInterface):
                         continue
                     num_external_computed_tokens = ext_tokens
                     num_computed_tokens += num_external_computed_tokens
+                # END LAB 15.1
                 assert num_computed_tokens <= request.num_tokens
             else:
                 # Its KV arrived asynchronously: num_computed_tokens says how
@@ -465,14 +456,24 @@ class Scheduler(SchedulerInterface):
 
             # The connector learns the request's blocks, and how many of them
             # it fills (mirrors vllm/v1/core/sched/scheduler.py:742-760).
+            # BEGIN LAB 15.1: tell the connector the request's blocks
+            # HINT: receives request, num_external_computed_tokens; leaves nothing.
+            # HINT: Every request admitted here (with a connector), even one with no
+            # HINT: external tokens: ALL its blocks (get_blocks), not only the new ones.
             if self.connector is not None:
                 self.connector.update_state_after_alloc(
                     request,
                     self.kv_cache_manager.get_blocks(request.request_id),
                     num_external_computed_tokens,
                 )
+            # END LAB 15.1
 
             request = request_queue.pop_request()
+            # BEGIN LAB 15.2: an asynchronous load: wait in WAITING_FOR_REMOTE_KVS
+            # HINT: receives request (off its queue now), load_kv_async, num_computed_tokens;
+            # HINT: leaves nothing, or skips the rest of the loop. Its blocks are held; it
+            # HINT: does not run this step: mark it, pass it over (step_skipped_waiting)
+            # HINT: and count the tokens coming as computed.
             if load_kv_async:
                 # Wait for the load in the blocked queue; num_computed_tokens
                 # counts the tokens coming (scheduler.py:763-780).
@@ -480,6 +481,7 @@ class Scheduler(SchedulerInterface):
                 step_skipped_waiting.prepend_request(request)
                 request.num_computed_tokens = num_computed_tokens
                 continue
+            # END LAB 15.2
             self.running.append(request)
             # BEGIN LAB 03.4: a first-time request or a resumed one?
             # HINT: receives request (just moved to running); leaves nothing but the two lists.
@@ -491,12 +493,8 @@ class Scheduler(SchedulerInterface):
             else:
                 raise RuntimeError(f"Invalid request status: {request.status}")
             # END LAB 03.4
-            # BEGIN LAB 11.1: an admitted request's adapter joins the step's set
-            # HINT: receives request (just admitted) and scheduled_loras; leaves
-            # HINT: scheduled_loras holding its adapter id too (if it has one).
             if self.lora_config is not None and request.lora_request is not None:
                 scheduled_loras.add(request.lora_request.lora_int_id)
-            # END LAB 11.1
             # BEGIN LAB 03.1: admit the request and charge the budget
             # HINT: receives request, num_new_tokens, num_computed_tokens; leaves token_budget.
             # HINT: record its blocks (all of them: get_blocks) and its tokens, charge
@@ -551,10 +549,15 @@ class Scheduler(SchedulerInterface):
         )
         # The connector packs this step's loads and saves for the workers and
         # resets its per-step state (scheduler.py:905-911).
+        # BEGIN LAB 15.1: the step's connector metadata, for the workers
+        # HINT: receives scheduler_output; leaves its kv_connector_metadata set (with
+        # HINT: a connector). Once a step, before _update_after_schedule moves
+        # HINT: num_computed_tokens on: the connector reads the step as scheduled.
         if self.connector is not None:
             scheduler_output.kv_connector_metadata = self.connector.build_connector_meta(
                 scheduler_output
             )
+        # END LAB 15.1
         self._update_after_schedule(scheduler_output)
         # Upstream sets this inside _update_after_schedule (scheduler.py:968).
         scheduler_output.has_structured_output_requests = any(
@@ -1047,10 +1050,14 @@ class Scheduler(SchedulerInterface):
         return self.connector
 
     # mirrors vllm/v1/core/sched/scheduler.py:2038-2067
+    # BEGIN LAB 15.1: tell the connector the request finished; True: it still reads the blocks
     def _connector_finished(self, request: Request) -> bool:
         """Tell the connector the request finished, with its block ids; True
         when the connector still reads them (an asynchronous save). The
         parameters it returns go out with the request's last output."""
+        # HINT: receives request (finished); returns request_finished's first answer (False
+        # HINT: without a connector). It takes the request's block ids (one group: a 1-tuple);
+        # HINT: its second answer, when not None, is kept in finished_kv_transfer_params.
         if self.connector is None:
             return False
         (block_ids,) = self.kv_cache_manager.get_block_ids(request.request_id)
@@ -1059,10 +1066,18 @@ class Scheduler(SchedulerInterface):
             self.finished_kv_transfer_params[request.request_id] = kv_transfer_params
         return delay_free_blocks
 
+    # END LAB 15.1
+
     # mirrors vllm/v1/core/sched/scheduler.py:2069-2101
+    # BEGIN LAB 15.2: its load ended: cache the loaded blocks (or give them back)
     def _update_waiting_for_remote_kv(self, request: Request) -> None:
         """Its load ended: register the loaded blocks in the prefix cache (or,
         if every loaded token failed, give the blocks back)."""
+        # HINT: receives request (its load reported done); leaves it ready to schedule. A
+        # HINT: failed load (failed_recving_kv_req_ids) was cut back to its last good block:
+        # HINT: cache up to there, or free the blocks if nothing is left. A clean one caches
+        # HINT: num_computed_tokens; a hit on every token recomputes the last one (its
+        # HINT: logits give the first output token).
         assert self.connector is not None
         if request.request_id in self.failed_recving_kv_req_ids:
             # _update_requests_with_invalid_blocks cut num_computed_tokens back.
@@ -1079,6 +1094,8 @@ class Scheduler(SchedulerInterface):
                 request.num_computed_tokens = request.num_tokens - 1
         self.finished_recving_kv_req_ids.remove(request.request_id)
 
+    # END LAB 15.2
+
     def _cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Upstream's KVCacheManager.cache_blocks checks enable_caching itself
         (kv_cache_manager.py:552); mini_vllm's (Lab 02.3) leaves it to callers."""
@@ -1086,9 +1103,13 @@ class Scheduler(SchedulerInterface):
             self.kv_cache_manager.cache_blocks(request, num_computed_tokens)
 
     # mirrors vllm/v1/core/sched/scheduler.py:2107-2117
+    # BEGIN LAB 15.2: WAITING (or PREEMPTED) once the workers reported the load
     def _try_promote_remote_kv_request(self, request: Request) -> bool:
         """WAITING (PREEMPTED if it was preempted before) once the workers
         reported its load ended; False until then."""
+        # HINT: receives request (WAITING_FOR_REMOTE_KVS); returns whether it can be
+        # HINT: scheduled now. The status after: PREEMPTED if it was ever preempted, else
+        # HINT: WAITING.
         if request.request_id not in self.finished_recving_kv_req_ids:
             return False
         self._update_waiting_for_remote_kv(request)
@@ -1097,10 +1118,17 @@ class Scheduler(SchedulerInterface):
         )
         return True
 
+    # END LAB 15.2
+
     # mirrors vllm/v1/core/sched/scheduler.py:2136-2163
+    # BEGIN LAB 15.2: the workers' report: loads and saves that ended
     def _update_from_kv_xfer_finished(self, kv_connector_output: KVConnectorOutput) -> None:
         """The workers' report: loads that ended make their requests
         schedulable; saves that ended free their finished requests' blocks."""
+        # HINT: receives kv_connector_output; leaves finished_recving_kv_req_ids grown and
+        # HINT: the blocks of finished requests freed. Tell the connector first. A finished
+        # HINT: load: the request is promoted later if still waiting, freed now if it was
+        # HINT: aborted meanwhile. A finished save: free the (finished) request's blocks.
         if self.connector is not None:
             self.connector.update_connector_output(kv_connector_output)
         for req_id in kv_connector_output.finished_recving or ():
@@ -1116,7 +1144,10 @@ class Scheduler(SchedulerInterface):
             assert req_id in self.requests, f"finished_sending: unknown request {req_id!r}"
             self._free_blocks(self.requests[req_id])
 
+    # END LAB 15.2
+
     # mirrors vllm/v1/core/sched/scheduler.py:2165-2266
+    # BEGIN LAB 15.2: cut back the requests that read a block that failed to load
     def _update_requests_with_invalid_blocks(
         self,
         requests: Iterable[Request],
@@ -1129,6 +1160,11 @@ class Scheduler(SchedulerInterface):
         the blocks to evict from the prefix cache (the invalid ones and all
         after them). A block shared with a request earlier in the scan is
         recomputed by that one only."""
+        # HINT: receives the requests to scan, the failed block ids, the step's
+        # HINT: num_scheduled_tokens; returns (affected ids, tokens to recompute, blocks to
+        # HINT: evict). Only blocks computed BEFORE this step count; cut num_computed_tokens
+        # HINT: to the first bad block's start. A bad block already claimed by an earlier
+        # HINT: request in the scan is that one's to recompute.
         affected_req_ids: set[str] = set()
         total_affected_tokens = 0
         blocks_to_evict: set[int] = set()
@@ -1167,6 +1203,8 @@ class Scheduler(SchedulerInterface):
                     request.num_computed_tokens = req_num_computed_tokens
                 affected_req_ids.add(req_id)
         return affected_req_ids, total_affected_tokens, blocks_to_evict
+
+    # END LAB 15.2
 
     # mirrors vllm/v1/core/sched/scheduler.py:2268-2335
     def _handle_invalid_blocks(

@@ -175,8 +175,7 @@ def verdict(scope: dict, node_id: str) -> tuple[bool, str] | None:
 # The in-scope tests that grade a phase's labs (those of the modules its labs
 # hollow out): a file, or "file::test" for the tests whose names start so.
 # Phases 09 (aging, fairness) and 16 (the server) hollow out modules upstream's
-# unit tests do not reach, so they have no line; nor does Phase 11, whose in-scope
-# upstream tests (the LoRA block-hash key, is_supported_lora_module) reach no lab of it.
+# unit tests do not reach, so they have no line.
 LAB_FILES = {
     "02": ["tests/v1/core/test_prefix_caching.py", "tests/v1/core/test_kv_cache_utils.py"],
     "03": ["tests/v1/core/test_scheduler.py", "tests/v1/core/test_priority_scheduler_random.py"],
@@ -195,6 +194,15 @@ LAB_FILES = {
     ],
     "12": ["tests/v1/core/test_scheduler.py::test_schedule_skip_tokenizer_init_structured"],
     "14": ["tests/v1/core/test_async_scheduler.py"],
+    "15": [
+        "tests/v1/core/test_scheduler.py::test_kv_connector_handles_preemption",
+        "tests/v1/core/test_scheduler.py::test_priority_scheduling_preemption_and_resumption_when_out_of_kv",
+        "tests/v1/core/test_scheduler.py::test_prepend_skipped_requests_order",
+        "tests/v1/core/test_scheduler.py::test_remote_kv_promotion_keeps_fcfs_with_grammar_prefix",
+        "tests/v1/core/test_scheduler.py::test_abort_request_waiting_for_remote_kvs",
+        "tests/v1/core/test_scheduler.py::test_abort_request_finished_recving",
+        "tests/v1/core/test_scheduler.py::test_delayed_kv_connector_free_keeps_scheduler_active",
+    ],
 }
 
 

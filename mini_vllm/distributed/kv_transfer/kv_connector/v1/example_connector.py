@@ -119,12 +119,18 @@ class ExampleConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._kv_caches = dict(kv_caches)
 
+    # BEGIN LAB 15.3: write each loading request's stored KV into its slots, before the forward
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Write every loading request's stored KV into its slots, layer by
         layer. A request whose stored files cannot be read (missing, corrupt,
         the wrong shape) has all its loading blocks reported as failed, for
         the scheduler to recompute or fail by ``kv_load_failure_policy``;
         upstream's example raises instead."""
+        # HINT: receives forward_context (its attn_metadata None: a step with no forward, load
+        # HINT: nothing); leaves the paged caches filled. Storing requests are not loads. A
+        # HINT: request whose files cannot be read (any exception from _load_request) loads
+        # HINT: nothing: add its blocks (slot // block_size, each once) to
+        # HINT: self._invalid_block_ids and go on with the next request.
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, ExampleConnectorMetadata)
         if forward_context.attn_metadata is None:
@@ -140,7 +146,15 @@ class ExampleConnector(KVConnectorBase_V1):
                 logger.error("KV load failed, %d block(s) invalid: %s", len(blocks), e)
                 self._invalid_block_ids.update(blocks)
 
+    # END LAB 15.3
+
+    # BEGIN LAB 15.3: one request's stored KV into every layer, slot by slot
     def _load_request(self, request: ReqMeta) -> None:
+        # HINT: receives request (a ReqMeta: token_ids, slot_mapping); leaves every layer's
+        # HINT: self._kv_caches tensor holding the stored KV at those slots. A slot is
+        # HINT: block * block_size + offset; the cache is [blocks, 2, block_size, heads, dim]
+        # HINT: and the file holds [tokens, 2, heads, dim] under the key 'kv_cache'. A file
+        # HINT: of any other shape is an error (raise): broadcasting would hide it.
         blocks = request.slot_mapping // self._block_size
         offsets = request.slot_mapping % self._block_size
         for layer_name, kv_cache in self._kv_caches.items():
@@ -155,13 +169,19 @@ class ExampleConnector(KVConnectorBase_V1):
                 )
             kv_cache[blocks, :, offsets] = stored["kv_cache"].to(kv_cache.dtype)
 
+    # END LAB 15.3
+
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv loaded every layer already
 
+    # BEGIN LAB 15.3: copy each storing request's slots of this layer into its file
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
     ) -> None:
         """Copy each storing request's slots of this layer into its file."""
+        # HINT: receives layer_name, kv_layer ([blocks, 2, block_size, heads, dim]); leaves one
+        # HINT: file per storing request: _generate_filename_debug(layer_name, its token_ids),
+        # HINT: {'kv_cache': [tokens, 2, heads, dim]} on the CPU (safetensors.torch.save_file).
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, ExampleConnectorMetadata)
         for request in metadata.requests:
@@ -172,6 +192,8 @@ class ExampleConnector(KVConnectorBase_V1):
             kv = kv_layer[blocks, :, offsets]
             filename = self._generate_filename_debug(layer_name, request.token_ids)
             safetensors.torch.save_file({"kv_cache": kv.detach().cpu().contiguous()}, filename)
+
+    # END LAB 15.3
 
     def wait_for_save(self) -> None:
         return  # save_kv_layer wrote its files already
@@ -242,17 +264,22 @@ class ExampleConnector(KVConnectorBase_V1):
         folder = self._generate_foldername_debug(torch.tensor(prompt_token_ids)[:num_tokens])
         return os.path.exists(folder)
 
+    # BEGIN LAB 15.3: the stored prefix's folder: a hash of its token ids' bytes
     def _generate_foldername_debug(
         self, token_ids: torch.Tensor, create_folder: bool = False
     ) -> str:
         """``<shared_storage_path>/<md5 of the token ids' bytes>`` (upstream's
         ``safe_hash``, md5 where the platform allows it)."""
+        # HINT: receives token_ids (an int64 tensor); returns <storage path>/<md5 hex digest of
+        # HINT: the tensor's bytes> (numpy().tobytes()), made when create_folder is set.
         token_bytes = token_ids.numpy().tobytes()
         digest = hashlib.md5(token_bytes, usedforsecurity=False).hexdigest()
         folder = os.path.join(self._storage_path, digest)
         if create_folder:
             os.makedirs(folder, exist_ok=True)
         return folder
+
+    # END LAB 15.3
 
     def _generate_filename_debug(self, layer_name: str, token_ids: torch.Tensor) -> str:
         folder = self._generate_foldername_debug(token_ids, create_folder=True)

@@ -1,1 +1,0 @@
-"""Phase 11 lab starters (generated; see each module's docstring)."""
