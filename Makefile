@@ -127,6 +127,7 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.structured_output
 	$(BIN)/python -m mini_vllm.benchmarks.quantization --threads 1
 	$(BIN)/python -m mini_vllm.benchmarks.lora --threads 1
+	$(BIN)/python -m mini_vllm.benchmarks.kv_connector
 
 labs: setup
 	$(BIN)/python -m mini_vllm.grading generate

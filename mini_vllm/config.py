@@ -6,16 +6,18 @@ Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 ``DeviceConfig`` (config/device.py), ``AttentionConfig``
 (config/attention.py), ``SpeculativeConfig`` (config/speculative.py:74, the
 n-gram method only), ``LoRAConfig`` (config/lora.py:31), ``KVTransferConfig``
-(config/kv_transfer.py:23, the fields a connector reads) and ``VllmConfig``
-(config/vllm.py).
+(config/kv_transfer.py:23, the fields a connector reads), ``ParallelConfig``
+(config/parallel.py:108: tensor parallelism and the executor only) and
+``VllmConfig`` (config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
 path, dtype, ``quantization``, seed, ``max_logprobs``, ``logits_processors`` and ``logprobs_mode``
 (upstream checks its four values with pydantic; mini with
 ``verify_logprobs_mode``); its ``verify_max_model_len`` is the check at
 the end of upstream's ``_get_and_verify_max_len`` (config/model.py:2119).
-Left out: parallelism, LoRA's dtype and module filters, draft-model and EAGLE speculation,
-KV-transfer networking fields (engine id, ports, buffers), compilation,
-observability, partial-prefill limits.
+Left out: pipeline, data and expert parallelism, LoRA's dtype and module
+filters, draft-model and EAGLE speculation, KV-transfer networking fields
+(engine id, ports, buffers), compilation, observability, partial-prefill
+limits.
 """
 
 from __future__ import annotations
@@ -366,6 +368,44 @@ class KVTransferConfig:
         return self.kv_connector_extra_config.get(key, default)
 
 
+# Upstream's DistributedExecutorBackend (vllm/config/parallel.py:35), less
+# "external_launcher" and "ray" (not yet in mini_vllm).
+EXECUTOR_BACKENDS = ("uni", "mp")
+
+
+@dataclass
+class ParallelConfig:
+    """How many processes run the model (upstream's ``ParallelConfig``,
+    vllm/config/parallel.py:108). ``distributed_executor_backend`` None
+    becomes "uni" for one process and "mp" (one worker process a rank) for
+    more, as upstream resolves it on one machine (parallel.py:835-880)."""
+
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}."
+            )
+        if self.distributed_executor_backend is None:
+            self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                f"got {self.distributed_executor_backend!r}."
+            )
+        if self.distributed_executor_backend == "uni" and self.world_size > 1:
+            raise ValueError(
+                f"distributed_executor_backend='uni' runs one process, but "
+                f"tensor_parallel_size is {self.tensor_parallel_size}: use 'mp'."
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
+
+
 @dataclass
 class VllmConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
@@ -377,9 +417,11 @@ class VllmConfig:
     # None: LoRA is off (upstream's lora_config is None unless enable_lora).
     lora_config: LoRAConfig | None = None
     kv_transfer_config: KVTransferConfig | None = None
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         self.model_config.verify()
+        self.verify_parallel()
         if self.lora_config is not None:
             self.lora_config.verify()
         self.cache_config.verify()
@@ -398,4 +440,23 @@ class VllmConfig:
                     "n-gram drafter proposes after a step's tokens are known, and "
                     "async scheduling schedules the next step before that. Turn "
                     "one of them off."
+                )
+
+    def verify_parallel(self) -> None:
+        """Refuse what mini_vllm's tensor parallelism does not cover (upstream
+        runs all of these split): one line naming the setting."""
+        if self.parallel_config.tensor_parallel_size == 1:
+            return
+        unsupported = {
+            "quantization": self.model_config.quantization is not None,
+            "LoRA": self.lora_config is not None,
+            "speculative decoding": self.speculative_config is not None,
+            "a KV connector": self.kv_transfer_config is not None,
+            "async_scheduling": self.scheduler_config.async_scheduling,
+        }
+        for name, used in unsupported.items():
+            if used:
+                raise ValueError(
+                    f"tensor_parallel_size > 1 does not support {name} in mini_vllm "
+                    "(see UPSTREAM_PIN.md, Phase 17)."
                 )

@@ -389,6 +389,39 @@ PLANTS = [
         "layer.weight_scale = nn.Parameter(weight_scale, requires_grad=False)",
         "a per-channel fp8 weight scale kept as a column, not a row over the outputs",
     ),
+    # ---- Phase 11: LoRA
+    # issue 34 (Lab 11.1: hold back a new adapter once max_loras are in the step), from the HINT
+    Plant(
+        "11",
+        "mini_vllm/core/sched/scheduler.py",
+        "and len(scheduled_loras) == self.lora_config.max_loras",
+        "and len(scheduled_loras) > self.lora_config.max_loras",
+        "the scheduler never holds a request back for max_loras",
+    ),
+    # issue 34 (Lab 11.2: shrink scales by the adapter's scaling), from the HINT
+    Plant(
+        "11",
+        "mini_vllm/lora/ops/torch_ops/lora_ops.py",
+        "output_tensor[:, : shrunk.shape[1]] = scaling * shrunk",
+        "output_tensor[:, : shrunk.shape[1]] = shrunk",
+        "bgmv_shrink (and so sgmv_shrink) leaves out the scaling",
+    ),
+    # issue 34 (Lab 11.3: evict the least recently used active adapter), from the HINT
+    Plant(
+        "11",
+        "mini_vllm/lora/model_manager.py",
+        "self.deactivate_adapter(next(iter(self._active_adapters)))",
+        "self.deactivate_adapter(next(reversed(self._active_adapters)))",
+        "a full set of slots evicts the most recently used adapter",
+    ),
+    # issue 34 (Lab 11.4: each shard expands into its own columns), from the HINT
+    Plant(
+        "11",
+        "mini_vllm/lora/punica_wrapper/punica_cpu.py",
+        "            offset += size\n",
+        "",
+        "every shard of a merged projection expands into the first shard's columns",
+    ),
     # ---- Phase 12: structured outputs
     # stop 26 (issue 15): "FCFS taking waiting before skipped_waiting"
     Plant(

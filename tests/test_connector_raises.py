@@ -24,6 +24,9 @@ from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
 from mini_vllm.sampling_params import SamplingParams
 
+# The module fixtures (tiny model, reference tokens): keep the module on one xdist worker.
+pytestmark = pytest.mark.xdist_group("connector-raises")
+
 BLOCK_SIZE = 8
 PROMPT = [(5 * j + 3) % 509 + 3 for j in range(37)]
 OTHER = [(7 * j + 1) % 499 + 3 for j in range(21)]

@@ -42,6 +42,9 @@ import pytest
 from mini_vllm.entrypoints.disagg_proxy import build_app, server_command, wait_until_healthy
 from mini_vllm.tiers import tier
 
+# One pair of server processes for the module: keep it on one xdist worker.
+pytestmark = pytest.mark.xdist_group("disagg")
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Here is a short poem about the sea:"]
 MAX_TOKENS = 8
 LEASE_S = 5.0

@@ -52,6 +52,11 @@ says which run keeps the proof):
   same reason; the reference's quantized runs are proven by
   tests/test_quantization_gguf.py, test_quantization_linear.py and
   test_kv_cache_fp8.py.
+- Lab 11.4 (the LoRA layer and wrapper against upstream's, then SmolLM2
+  with two PEFT adapters through an engine built from every Phase 11 piece,
+  greedy tokens equal to transformers + peft's) runs on the solved copy
+  only, for the same reason; the reference engine's LoRA tokens are proven
+  against transformers + peft by tests/test_lora_engine.py.
 - Lab 07.4 (a tiny hybrid Ministral through an engine built from every Phase
   07 piece, greedy tokens equal to transformers') runs on the solved copy
   only, for the same reason; the reference engine's hybrid tokens are proven
@@ -87,6 +92,7 @@ SOLVED_COPY_ONLY = {
     "07": "07.4",
     "08": "08.4",
     "10": "10.4",
+    "11": "11.4",
     "12": "12.4",
     "15": "15.4",
 }

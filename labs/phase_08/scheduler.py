@@ -141,9 +141,9 @@ class Scheduler(_reference.Scheduler):
         scheduled_loras: set[int] = set()
         if self.lora_config is not None:
             scheduled_loras = {
-                req.lora_request.lora_int_id
-                for req in scheduled_running_reqs
-                if req.lora_request is not None
+                running_req.lora_request.lora_int_id
+                for running_req in scheduled_running_reqs
+                if running_req.lora_request is not None
             }
             assert len(scheduled_loras) <= self.lora_config.max_loras
         step_skipped_waiting = create_request_queue(self.policy)

@@ -32,6 +32,12 @@ upstream's), in ``worker/gpu_worker.py``; a model with sliding-window layers
 gets a ``KVCacheConfig`` of several groups instead, which the scheduler's
 KV-cache manager and the runner's block tables (one per group) share.
 
+With ``tensor_parallel_size > 1`` the model and its KV cache live in the
+``MultiprocExecutor``'s worker processes (executor/multiproc_executor.py;
+upstream's ``EngineCore`` always drives a ``model_executor``): the engine
+core keeps the scheduler, takes the block count the ranks agree on, and
+calls the executor where it would call its model runner.
+
 The scheduler class is pluggable (``SchedulerConfig.scheduler_cls``, as
 upstream): anything with mini_vllm's Scheduler interface can drive the real
 model, which is how the labs run a student's scheduler.
@@ -50,20 +56,11 @@ from mini_vllm.core.sched.async_scheduler import AsyncScheduler
 from mini_vllm.core.sched.output import SchedulerOutput
 from mini_vllm.core.sched.scheduler import Scheduler
 from mini_vllm.engine import EngineCoreOutputs
-from mini_vllm.kv_cache_interface import FullAttentionSpec
 from mini_vllm.outputs import ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.structured_output import StructuredOutputManager
-from mini_vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from mini_vllm.worker.gpu_model_runner import GPUModelRunner
-from mini_vllm.worker.gpu_worker import (
-    allocate_kv_caches,
-    allocate_kv_caches_from_config,
-    determine_kv_cache_config,
-    determine_num_blocks,
-    get_kv_cache_spec,
-    kv_cache_spec_of,
-)
+from mini_vllm.worker.gpu_worker import initialize_kv_cache
 
 
 def resolve_scheduler_cls(scheduler_cls, async_scheduling: bool = False) -> type:
@@ -94,58 +91,28 @@ class EngineCore:
         outputs compile their grammars against (None: they are refused)."""
         self.vllm_config = vllm_config
         cache = vllm_config.cache_config
-        kv_dtype = kv_cache_dtype_str_to_dtype(cache.cache_dtype, dtype)  # fp8: a byte a value
-        # A model with sliding-window layers gets KV-cache groups (one block
-        # table each); a full-attention model keeps one group, sized here.
-        self.kv_cache_config = None
-        layer_specs = get_kv_cache_spec(model, cache.block_size, kv_dtype)
-        if all(isinstance(s, FullAttentionSpec) for s in layer_specs.values()):
-            self.kv_cache_spec, self.num_layers = kv_cache_spec_of(
-                model, cache.block_size, kv_dtype
-            )
-            self.bytes_per_block = self.kv_cache_spec.page_size_bytes * self.num_layers
-            num_blocks = determine_num_blocks(
-                kv_cache_spec=self.kv_cache_spec,
-                num_layers=self.num_layers,
-                max_model_len=vllm_config.model_config.max_model_len,
-                num_gpu_blocks_override=cache.num_gpu_blocks_override,
-                kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
-                gpu_memory_utilization=cache.gpu_memory_utilization,
-                device=device,
-            )
-            self.kv_caches = allocate_kv_caches(
-                model,
-                num_blocks,
-                cache.block_size,
-                kv_dtype,
-                device,
-                attention_backend,
-                cache.cache_dtype,
-            )
+        parallel = vllm_config.parallel_config
+        self.model_executor = None
+        if parallel.world_size > 1:
+            # Tensor parallelism: the model and its KV cache live in one worker
+            # process per rank (each holding its heads only); the executor
+            # runs every step on all of them and returns rank 0's output.
+            from mini_vllm.executor.multiproc_executor import MultiprocExecutor
+
+            self.model_executor = MultiprocExecutor(vllm_config, device, dtype, attention_backend)
+            kv = self.model_executor.kv_cache
         else:
-            self.kv_cache_config = determine_kv_cache_config(
-                kv_cache_spec=layer_specs,
-                max_model_len=vllm_config.model_config.max_model_len,
-                max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
-                num_gpu_blocks_override=cache.num_gpu_blocks_override,
-                kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
-                gpu_memory_utilization=cache.gpu_memory_utilization,
-                device=device,
-            )
-            num_blocks = self.kv_cache_config.num_blocks
-            self.kv_cache_spec = self.kv_cache_config.kv_cache_groups[0].kv_cache_spec
-            self.num_layers = len(layer_specs)
-            # A block id spans one page of each shared tensor.
-            self.bytes_per_block = self.kv_cache_spec.page_size_bytes * len(
-                self.kv_cache_config.kv_cache_tensors
-            )
-            self.kv_caches = allocate_kv_caches_from_config(
-                model, self.kv_cache_config, kv_dtype, device, attention_backend, cache.cache_dtype
-            )
+            kv = initialize_kv_cache(vllm_config, model, device, dtype, attention_backend)
+        self.kv_cache_config, self.kv_cache_spec = kv.kv_cache_config, kv.kv_cache_spec
+        self.num_layers, self.bytes_per_block = kv.num_layers, kv.bytes_per_block
+        self.kv_caches, num_blocks = kv.kv_caches, kv.num_blocks
         cache.num_gpu_blocks = num_blocks
-        self.model_runner = GPUModelRunner(
-            vllm_config, model, device, kv_cache_config=self.kv_cache_config
-        )
+        if self.model_executor is not None:
+            self.model_runner = self.model_executor
+        else:
+            self.model_runner = GPUModelRunner(
+                vllm_config, model, device, kv_cache_config=self.kv_cache_config
+            )
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         scheduler_cls = resolve_scheduler_cls(
             vllm_config.scheduler_config.scheduler_cls, self.async_scheduling
@@ -178,6 +145,11 @@ class EngineCore:
         if self.batch_queue_size > 1:
             self.batch_queue = deque(maxlen=self.batch_queue_size)
             self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mini_vllm_worker")
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (upstream: EngineCore.shutdown)."""
+        if self.model_executor is not None:
+            self.model_executor.shutdown()
 
     def add_request(self, request: Request) -> None:
         """Hand a new request to the scheduler (a structured one starts its

@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "cpu", "torch", "triton"],
         help="auto: triton on CUDA, cpu (batched torch) on CPU; torch: the readable reference",
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="split the model over this many worker processes (tensor parallelism)",
+    )
+    p.add_argument("--distributed-executor-backend", default=None, choices=["uni", "mp"])
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -81,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args: argparse.Namespace):
     """Everything that can be checked before the model loads: returns the
     SamplingParams; raises ValueError naming the bad argument."""
-    from mini_vllm.config import CacheConfig
+    from mini_vllm.config import CacheConfig, ParallelConfig
     from mini_vllm.engine.llm_engine import (
         resolve_attention_backend,
         resolve_device,
@@ -98,6 +106,11 @@ def check_args(args: argparse.Namespace):
     resolve_dtype(args.dtype, resolve_device(args.device))
     verify_quantization(args.quantization)
     CacheConfig(cache_dtype=args.kv_cache_dtype).verify()
+    try:
+        ParallelConfig(args.tensor_parallel_size, args.distributed_executor_backend)
+    except ValueError as e:  # "tensor_parallel_size must ..." -> "--tensor-parallel-size must ..."
+        field, _, rest = str(e).partition(" ")
+        raise ValueError(f"--{field.replace('_', '-')} {rest}") from e
     device = resolve_device(args.device)
     verify_kv_cache_dtype(
         args.kv_cache_dtype, resolve_attention_backend(args.attention_backend, device)
@@ -177,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
             quantization=args.quantization,
             kv_cache_dtype=args.kv_cache_dtype,
             attention_backend=args.attention_backend,
+            tensor_parallel_size=args.tensor_parallel_size,
+            distributed_executor_backend=args.distributed_executor_backend,
         )
         load_s = time.perf_counter() - start
         engine = llm.llm_engine

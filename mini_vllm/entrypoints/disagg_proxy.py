@@ -53,6 +53,8 @@ def build_app(prefill_urls: list[str], decode_urls: list[str]) -> FastAPI:
             await client.aclose()
 
     app = FastAPI(lifespan=lifespan)
+    # Requests handed over and the prefill blocks they named (benchmarks read it).
+    app.state.stats = {"requests": 0, "remote_blocks": 0}
 
     @app.post("/v1/completions")
     async def completions(raw_request: Request):
@@ -74,6 +76,10 @@ def build_app(prefill_urls: list[str], decode_urls: list[str]) -> FastAPI:
         decode_data = dict(req_data)
         if kv_transfer_params:
             decode_data["kv_transfer_params"] = kv_transfer_params
+            app.state.stats["requests"] += 1
+            app.state.stats["remote_blocks"] += len(
+                kv_transfer_params.get("remote_block_ids") or ()
+            )
         client = next(app.state.next_decode)
         if not req_data.get("stream"):
             decode = await client.post("/v1/completions", json=decode_data)

@@ -2,7 +2,10 @@
 
 Mirrors upstream ``vllm/entrypoints/llm.py`` (``LLM`` :66: ``__init__`` :176,
 ``generate`` :422, ``chat`` :615) at v0.22.1. Left out: beam search, pooling/embedding
-tasks, LoRA, multimodal inputs, tensor parallelism, most engine arguments.
+tasks, LoRA, multimodal inputs, pipeline parallelism, most engine arguments.
+``tensor_parallel_size`` and ``distributed_executor_backend`` (upstream's
+names) run the model split over that many worker processes
+(executor/multiproc_executor.py); a worker that fails ends the engine.
 
 Differences: the KV cache is sized from ``kv_cache_memory_bytes`` or
 ``num_gpu_blocks_override`` when given; on a CPU without either, mini_vllm
@@ -35,6 +38,7 @@ from mini_vllm.config import (
     KVTransferConfig,
     LoRAConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
     VllmConfig,
@@ -48,6 +52,7 @@ from mini_vllm.engine.llm_engine import (
     verify_kv_cache_dtype,
 )
 from mini_vllm.entrypoints.chat_utils import parse_chat_messages
+from mini_vllm.executor.multiproc_executor import WorkerFailedError
 from mini_vllm.lora.request import LoRARequest
 from mini_vllm.outputs import RequestOutput
 from mini_vllm.sampling_params import SamplingParams
@@ -100,6 +105,8 @@ class LLM:
         max_loras: int = 1,
         max_lora_rank: int = 16,
         max_cpu_loras: int | None = None,
+        tensor_parallel_size: int = 1,
+        distributed_executor_backend: str | None = None,
     ) -> None:
         from mini_vllm.model_executor.layers.quantization import verify_quantization
         from mini_vllm.model_executor.model_loader import find_checkpoint, load_model
@@ -108,6 +115,7 @@ class LLM:
         verify_logprobs_mode(logprobs_mode)
         verify_quantization(quantization)
         CacheConfig(cache_dtype=kv_cache_dtype).verify()
+        parallel_config = ParallelConfig(tensor_parallel_size, distributed_executor_backend)
         lora_config = None
         if enable_lora:  # upstream's EngineArgs: a LoRAConfig only with enable_lora
             lora_config = LoRAConfig(max_lora_rank, max_loras, max_cpu_loras)
@@ -183,6 +191,7 @@ class LLM:
             speculative_config=spec_config,
             kv_transfer_config=kv_config,
             lora_config=lora_config,
+            parallel_config=parallel_config,
         )
         self.llm_engine = LLMEngine(config, loaded)
         self.request_counter = itertools.count()
@@ -239,7 +248,7 @@ class LLM:
             # The ids include one whose add_request was cut short: the engine
             # ignores ids it does not know.
             engine.fail_requests(ids)
-            if not isinstance(e, (ValueError, TypeError)) and ids:
+            if not isinstance(e, (ValueError, TypeError, WorkerFailedError)) and ids:
                 e.add_note(
                     f"mini_vllm: generate() aborted its {len(ids)} requests and freed "
                     "their KV blocks; the LLM is ready for the next call."

@@ -50,6 +50,7 @@ class BaseLinearLayerWithLoRA(nn.Module):
             a[index] = 0
             b[index] = 0
 
+    # BEGIN LAB 11.4: one adapter's matrices into a slot, zero-padded to the stacks' rank
     def set_lora(
         self,
         index: int,
@@ -58,6 +59,10 @@ class BaseLinearLayerWithLoRA(nn.Module):
     ) -> None:
         """Slot ``index`` takes one adapter's matrices, per shard (None: that
         shard is not adapted), zero-padded to the stacks' rank."""
+        # HINT: clear the slot first (reset_lora: a smaller rank, or a shard the adapter
+        # HINT: skips, must leave zeros). Shard s: lora_a [r, in] fills the first r rows of
+        # HINT: lora_a_stacked[s][index, 0]; lora_b [out, r] the first r columns of
+        # HINT: lora_b_stacked[s][index, 0]. A None shard stays zero.
         self.reset_lora(index)
         for s, (a, b) in enumerate(zip(lora_a, lora_b, strict=True)):
             if a is None:
@@ -65,9 +70,16 @@ class BaseLinearLayerWithLoRA(nn.Module):
             self.lora_a_stacked[s][index, 0, : a.shape[0], :] = a
             self.lora_b_stacked[s][index, 0, :, : b.shape[1]] = b
 
+    # END LAB 11.4
+
+    # BEGIN LAB 11.4: the base layer's output, plus each row's adapter
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # HINT: the base layer first; then the punica wrapper adds every row's adapter into
+        # HINT: that output in place (add_lora_linear, scale 1.0: the scaling is in lora_b).
         output = self.base_layer(x)
         self.punica_wrapper.add_lora_linear(
             output, x, self.lora_a_stacked, self.lora_b_stacked, 1.0, self.output_slices
         )
         return output
+
+    # END LAB 11.4

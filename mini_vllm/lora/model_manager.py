@@ -122,9 +122,14 @@ class LRUCacheLoRAModelManager:
                         "(an adapter for another base model?)."
                     )
 
+    # BEGIN LAB 11.3: keep an adapter loaded on the host, least recently used out
     def add_adapter(self, lora: LoRAModel) -> bool:
         """Keep ``lora`` loaded on the host (evicting the least recently used
         when ``max_cpu_loras`` are); False if it already was (it is touched)."""
+        # HINT: _registered_adapters is an OrderedDict, least recently used first. An id
+        # HINT: already there is touched (moved to the end) and returns False; a new one,
+        # HINT: when capacity (max_cpu_loras) adapters are loaded, first removes the oldest
+        # HINT: (remove_adapter: out of its slot too), then joins at the end: True.
         if lora.id in self._registered_adapters:
             self._registered_adapters.move_to_end(lora.id)
             return False
@@ -134,12 +139,21 @@ class LRUCacheLoRAModelManager:
         self._registered_adapters[lora.id] = lora
         return True
 
+    # END LAB 11.3
+
     def remove_adapter(self, adapter_id: int) -> bool:
         self.deactivate_adapter(adapter_id)
         return self._registered_adapters.pop(adapter_id, None) is not None
 
+    # BEGIN LAB 11.3: put a loaded adapter in a slot, least recently used out
     def activate_adapter(self, lora_id: int) -> bool:
         """Put a registered adapter in a slot; False if it already had one (it is touched)."""
+        # HINT: _active_adapters (OrderedDict, oldest first) holds the ids in slots. Already
+        # HINT: active: touch it, return False. Otherwise, when all lora_slots are taken,
+        # HINT: deactivate the oldest; take the first free slot (None in lora_index_to_id),
+        # HINT: record the id there and at the end of _active_adapters, and set_lora that slot
+        # HINT: on every module with _get_lora_layer_weights(lora, name). Reading the adapter
+        # HINT: from _registered_adapters is a use: it moves to that cache's end too. True.
         if lora_id in self._active_adapters:
             self._active_adapters.move_to_end(lora_id)
             return False
@@ -147,13 +161,21 @@ class LRUCacheLoRAModelManager:
             self.deactivate_adapter(next(iter(self._active_adapters)))
         index = self.lora_index_to_id.index(None)
         lora = self._registered_adapters[lora_id]
+        # Upstream reads it from its host LRU cache (vllm/lora/model_manager.py:304),
+        # a lookup that counts as a use: it becomes the most recently used there too.
+        self._registered_adapters.move_to_end(lora_id)
         self.lora_index_to_id[index] = lora_id
         self._active_adapters[lora_id] = None
         for name, module in self.modules.items():
             module.set_lora(index, *self._get_lora_layer_weights(lora, name))
         return True
 
+    # END LAB 11.3
+
+    # BEGIN LAB 11.3: free an adapter's slot
     def deactivate_adapter(self, adapter_id: int) -> bool:
+        # HINT: not active: False. Else drop it from _active_adapters, put None in its slot
+        # HINT: of lora_index_to_id, reset_lora that slot on every module, return True.
         if adapter_id not in self._active_adapters:
             return False
         del self._active_adapters[adapter_id]
@@ -162,6 +184,8 @@ class LRUCacheLoRAModelManager:
         for module in self.modules.values():
             module.reset_lora(index)
         return True
+
+    # END LAB 11.3
 
     def _get_lora_layer_weights(self, lora: LoRAModel, module_name: str):
         """Per shard of the module, the adapter's (lora_a, lora_b) or None."""

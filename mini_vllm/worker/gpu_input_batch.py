@@ -349,8 +349,12 @@ class InputBatch:
         if params.bad_words_token_ids:
             self.bad_words_token_ids[req_id] = params.bad_words_token_ids
 
+    # BEGIN LAB 11.3: a new row's adapter
     def _add_lora(self, request: CachedRequestState, req_index: int) -> None:
         """Record the row's adapter id (0 without one), as upstream's add_request (:468-479)."""
+        # HINT: a request without an adapter: its row's id is 0. Else its row holds the
+        # HINT: adapter's lora_int_id, the request joins lora_id_to_request_ids[id], and
+        # HINT: lora_id_to_lora_request[id] keeps its LoRARequest.
         if request.lora_request is None:
             self.request_lora_mapping[req_index] = 0
             return
@@ -359,8 +363,14 @@ class InputBatch:
         self.lora_id_to_request_ids.setdefault(lora_id, set()).add(request.req_id)
         self.lora_id_to_lora_request[lora_id] = request.lora_request
 
+    # END LAB 11.3
+
+    # BEGIN LAB 11.3: a leaving row's adapter
     def _remove_lora(self, req_id: str, req_index: int) -> None:
         """Forget the row's adapter; an adapter no request uses leaves the batch (:531-538)."""
+        # HINT: read the row's id (0: nothing to do); take the request out of that id's set,
+        # HINT: forget the id in both dicts when no request of the batch uses it any more,
+        # HINT: and set the row's id back to 0.
         lora_id = int(self.request_lora_mapping[req_index])
         if lora_id == 0:
             return
@@ -371,16 +381,24 @@ class InputBatch:
             del self.lora_id_to_lora_request[lora_id]
         self.request_lora_mapping[req_index] = 0
 
+    # END LAB 11.3
+
+    # BEGIN LAB 11.3: the step's adapter id per sampled token and per scheduled token
     def make_lora_inputs(
         self, num_scheduled_tokens: np.ndarray, num_sampled_tokens: np.ndarray
     ) -> tuple[tuple[int, ...], tuple[int, ...], set[LoRARequest]]:
         """The step's adapter ids: one per sampled token (``prompt_lora_mapping``),
         one per scheduled token (``token_lora_mapping``), and the adapters the
         batch uses. Row i's id is repeated over its tokens, in row order."""
+        # HINT: the first num_reqs rows' ids, each repeated by the row's count of sampled
+        # HINT: tokens (prompt_lora_mapping) and of scheduled tokens (token_lora_mapping), as
+        # HINT: tuples of ints; and the set of the batch's LoRARequests.
         ids = self.request_lora_mapping[: self.num_reqs]
         prompt_lora_mapping = tuple(int(i) for i in ids.repeat(num_sampled_tokens))
         token_lora_mapping = tuple(int(i) for i in ids.repeat(num_scheduled_tokens))
         return prompt_lora_mapping, token_lora_mapping, set(self.lora_id_to_lora_request.values())
+
+    # END LAB 11.3
 
     def remove_request(self, req_id: str) -> int | None:
         """Leave a hole where ``req_id`` was; return its row (None if absent).

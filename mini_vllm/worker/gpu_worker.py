@@ -3,7 +3,9 @@
 Mirrors upstream ``vllm/v1/worker/gpu_worker.py`` (``Worker`` :109:
 ``determine_available_memory`` :358, ``initialize_from_config`` :543) and
 the sizing in ``get_num_blocks`` (../core/kv_cache_utils.py:935) at v0.22.1.
-Left out: profiling runs, distributed setup, sleep mode, CUDA graphs.
+Left out: profiling runs, sleep mode, CUDA graphs. The distributed
+set-up of a tensor-parallel rank is in ``executor/multiproc_executor.py``
+(``WorkerProc``), which calls ``initialize_kv_cache`` here in each rank.
 
 The arithmetic (bytes per block, blocks per budget) is not done here: it
 comes from ``mini_vllm.kv_cache_interface`` (``FullAttentionSpec``,
@@ -30,6 +32,7 @@ hold disjoint block ids, so they never write the same page).
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -43,6 +46,7 @@ from mini_vllm.kv_cache_interface import (
     cdiv,
     get_num_blocks,
 )
+from mini_vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 
 
 def get_kv_cache_spec(
@@ -271,3 +275,90 @@ def allocate_kv_caches_from_config(
             layers[name].bind(impl_cls, cache, kv_cache_dtype)
         caches.append(cache)
     return caches
+
+
+class KVCacheSetup(NamedTuple):
+    """What ``initialize_kv_cache`` built: the spec every layer shares (the
+    first group's, with groups), the layer count, the bytes one block id
+    spans, the tensors, the groups (None for a full-attention model) and the
+    block count (null block included)."""
+
+    kv_cache_spec: AttentionSpec
+    num_layers: int
+    bytes_per_block: int
+    kv_caches: list[torch.Tensor]
+    kv_cache_config: KVCacheConfig | None
+    num_blocks: int
+
+
+def initialize_kv_cache(
+    vllm_config,
+    model: torch.nn.Module,
+    device: torch.device,
+    dtype: torch.dtype,
+    attention_backend: str,
+    num_gpu_blocks_override: int | None = None,
+) -> KVCacheSetup:
+    """Size this process's KV cache and allocate it, bound to the model's
+    attention layers. With tensor parallelism each rank's layers hold their
+    KV heads only, so a block takes ``1/tp`` of the bytes (fewer when KV
+    heads are replicated) and a byte budget holds that many more blocks.
+    ``num_gpu_blocks_override``: a count that wins over the config's budget
+    (the executor passes the smallest count of all ranks)."""
+    cache = vllm_config.cache_config
+    override = num_gpu_blocks_override or cache.num_gpu_blocks_override
+    kv_dtype = kv_cache_dtype_str_to_dtype(cache.cache_dtype, dtype)  # fp8: a byte a value
+    # A model with sliding-window layers gets KV-cache groups (one block
+    # table each); a full-attention model keeps one group, sized here.
+    layer_specs = get_kv_cache_spec(model, cache.block_size, kv_dtype)
+    if all(isinstance(s, FullAttentionSpec) for s in layer_specs.values()):
+        kv_cache_spec, num_layers = kv_cache_spec_of(model, cache.block_size, kv_dtype)
+        num_blocks = determine_num_blocks(
+            kv_cache_spec=kv_cache_spec,
+            num_layers=num_layers,
+            max_model_len=vllm_config.model_config.max_model_len,
+            num_gpu_blocks_override=override,
+            kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
+            gpu_memory_utilization=cache.gpu_memory_utilization,
+            device=device,
+        )
+        kv_caches = allocate_kv_caches(
+            model,
+            num_blocks,
+            cache.block_size,
+            kv_dtype,
+            device,
+            attention_backend,
+            cache.cache_dtype,
+        )
+        return KVCacheSetup(
+            kv_cache_spec,
+            num_layers,
+            kv_cache_spec.page_size_bytes * num_layers,
+            kv_caches,
+            None,
+            num_blocks,
+        )
+    kv_cache_config = determine_kv_cache_config(
+        kv_cache_spec=layer_specs,
+        max_model_len=vllm_config.model_config.max_model_len,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+        num_gpu_blocks_override=override,
+        kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
+        gpu_memory_utilization=cache.gpu_memory_utilization,
+        device=device,
+    )
+    kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    kv_caches = allocate_kv_caches_from_config(
+        model, kv_cache_config, kv_dtype, device, attention_backend, cache.cache_dtype
+    )
+    # A block id spans one page of each shared tensor.
+    bytes_per_block = kv_cache_spec.page_size_bytes * len(kv_cache_config.kv_cache_tensors)
+    return KVCacheSetup(
+        kv_cache_spec,
+        len(layer_specs),
+        bytes_per_block,
+        kv_caches,
+        kv_cache_config,
+        kv_cache_config.num_blocks,
+    )

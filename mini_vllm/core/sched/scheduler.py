@@ -323,14 +323,21 @@ class Scheduler(SchedulerInterface):
         # (the loop mirrors vllm/v1/core/sched/scheduler.py:548-806)
         # The adapters the running requests scheduled this step already use
         # (vllm/v1/core/sched/scheduler.py:534-542).
+        # BEGIN LAB 11.1: the adapters the running requests already use this step
+        # HINT: receives scheduled_running_reqs; leaves scheduled_loras, the set of
+        # HINT: adapter ids (lora_request.lora_int_id) of the running requests
+        # HINT: scheduled this step (empty without a lora_config, and requests on the
+        # HINT: base model, lora_request None, add nothing). Running requests were
+        # HINT: admitted under the limit, so there are at most max_loras of them.
         scheduled_loras: set[int] = set()
         if self.lora_config is not None:
             scheduled_loras = {
-                req.lora_request.lora_int_id
-                for req in scheduled_running_reqs
-                if req.lora_request is not None
+                running_req.lora_request.lora_int_id
+                for running_req in scheduled_running_reqs
+                if running_req.lora_request is not None
             }
             assert len(scheduled_loras) <= self.lora_config.max_loras
+        # END LAB 11.1
         step_skipped_waiting = create_request_queue(self.policy)
         while self.waiting or self.skipped_waiting:
             # BEGIN LAB 03.1: the three admission gates
@@ -364,6 +371,14 @@ class Scheduler(SchedulerInterface):
             # END LAB 12.1
             # A new adapter when max_loras are already in this step: pass over
             # the request, as over a compiling grammar (scheduler.py:571-581).
+            # BEGIN LAB 11.1: hold back a request whose adapter would exceed max_loras
+            # HINT: receives request (the head of request_queue), scheduled_loras and
+            # HINT: step_skipped_waiting; moves on with `continue` or leaves request
+            # HINT: to be admitted. An adapter not yet in this step's set, when the set
+            # HINT: already holds max_loras ids, must wait: take it out of its queue for
+            # HINT: this step (into step_skipped_waiting, at the front, as a compiling
+            # HINT: grammar's request) so the requests behind it may still run. A request
+            # HINT: on the base model, or on an adapter already in the set, goes on.
             if (
                 self.lora_config is not None
                 and request.lora_request is not None
@@ -373,6 +388,7 @@ class Scheduler(SchedulerInterface):
                 request_queue.pop_request()
                 step_skipped_waiting.prepend_request(request)
                 continue
+            # END LAB 11.1
 
             num_external_computed_tokens = 0
             load_kv_async = False
@@ -493,8 +509,12 @@ class Scheduler(SchedulerInterface):
             else:
                 raise RuntimeError(f"Invalid request status: {request.status}")
             # END LAB 03.4
+            # BEGIN LAB 11.1: an admitted request's adapter joins the step's set
+            # HINT: receives request (just admitted) and scheduled_loras; leaves
+            # HINT: scheduled_loras holding its adapter id too (if it has one).
             if self.lora_config is not None and request.lora_request is not None:
                 scheduled_loras.add(request.lora_request.lora_int_id)
+            # END LAB 11.1
             # BEGIN LAB 03.1: admit the request and charge the budget
             # HINT: receives request, num_new_tokens, num_computed_tokens; leaves token_budget.
             # HINT: record its blocks (all of them: get_blocks) and its tokens, charge

@@ -297,6 +297,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help='a KV connector, as JSON: {"kv_connector": "ZmqConnector", "kv_role": '
         '"kv_both", ...} (Phase 15; upstream\'s flag of the same name)',
     )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="split the model over this many worker processes (tensor parallelism)",
+    )
+    parser.add_argument("--distributed-executor-backend", default=None, choices=["uni", "mp"])
     return parser
 
 
@@ -340,6 +348,8 @@ def build_async_engine_client(args: argparse.Namespace) -> AsyncLLM:
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         kv_transfer_config=getattr(args, "kv_transfer_config", None),
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+        distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
     )
 
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mini_vllm.lora.ops.torch_ops import sgmv_expand_slice, sgmv_shrink
+from mini_vllm.lora.ops.torch_ops.lora_ops import sgmv_expand_slice, sgmv_shrink
 from mini_vllm.lora.punica_wrapper.utils import compute_meta, token_lora_indices
 
 
@@ -47,6 +47,7 @@ class PunicaWrapperCPU:
         )
         self.prefill_metadata = (starts, lengths, slots, batches, max_len, tokens)
 
+    # BEGIN LAB 11.4: shrink every slice, one SGMV call each
     def add_shrink(
         self,
         y: tuple[torch.Tensor, ...],
@@ -55,12 +56,17 @@ class PunicaWrapperCPU:
         scale: float,
     ) -> None:
         """``y[i] = (x @ lora_a[slot].T) * scale`` for each slice i."""
+        # HINT: nothing when no_lora. Flatten x to 2-D, then per slice sgmv_shrink(x, its
+        # HINT: lora_a, its output buffer, *self.prefill_metadata, scale).
         if self.no_lora:
             return
         x = x.view(-1, x.shape[-1])
         for out, lora_a in zip(y, lora_a_stacked, strict=True):
             sgmv_shrink(x, lora_a, out, *self.prefill_metadata, scale)
 
+    # END LAB 11.4
+
+    # BEGIN LAB 11.4: expand every slice into its columns of y
     def add_expand(
         self,
         y: torch.Tensor,
@@ -71,6 +77,9 @@ class PunicaWrapperCPU:
         add_inputs: bool = True,
     ) -> None:
         """``y[:, offset : offset + size] += x[i] @ lora_b[slot].T``, slice after slice."""
+        # HINT: nothing when no_lora. Slice i goes to columns offset : offset + size of y
+        # HINT: (flattened to 2-D), offset starting at offset_start and moving on by each
+        # HINT: slice's size: sgmv_expand_slice with the prefill metadata.
         if self.no_lora:
             return
         flat = y.view(-1, y.shape[-1])
@@ -81,6 +90,9 @@ class PunicaWrapperCPU:
             )
             offset += size
 
+    # END LAB 11.4
+
+    # BEGIN LAB 11.4: shrink into float32 buffers, then expand into the output
     def add_lora_linear(
         self,
         y: torch.Tensor,
@@ -92,6 +104,9 @@ class PunicaWrapperCPU:
     ) -> None:
         """Shrink into float32 buffers of the adapters' rank, then expand into
         ``y`` (the base layer's output, changed in place)."""
+        # HINT: nothing when no_lora. One float32 zero buffer (rows, rank) per slice, rank
+        # HINT: the stacks' (lora_b's last axis); add_shrink into them, then add_expand into
+        # HINT: y with add_inputs=True.
         if self.no_lora:
             return
         rank = lora_b_stacked[0].size(-1)
@@ -101,3 +116,5 @@ class PunicaWrapperCPU:
         )
         self.add_shrink(buffer, x, lora_a_stacked, scale)
         self.add_expand(y, buffer, lora_b_stacked, output_slices, add_inputs=True)
+
+    # END LAB 11.4

@@ -1,14 +1,24 @@
-"""The token embedding and the output head, with weights a quantization method owns.
+"""The token embedding and the output head, split over the ranks by vocabulary.
 
 Mirrors upstream ``vllm/model_executor/layers/vocab_parallel_embedding.py``
-at v0.22.1 (``UnquantizedEmbeddingMethod`` at :35, ``VocabParallelEmbedding``
-at :192, ``ParallelLMHead`` at :503). Left out: splitting the vocabulary
-across ranks and padding it, LoRA's extra tokens, the output bias.
+at v0.22.1 (``UnquantizedEmbeddingMethod`` at :35, ``pad_vocab_size`` :81,
+``vocab_range_from_global_vocab_size`` :94, ``get_masked_input_and_mask``
+:163, ``VocabParallelEmbedding`` at :192, ``ParallelLMHead`` at :503).
 
-``forward(ids)`` gathers rows (``quant_method.embedding``);
-``quant_method.apply(layer, hidden)`` multiplies by the whole table, which
-is how the model computes logits, for a tied head (the embedding itself)
-as for an untied one.
+Split over ``tp`` ranks, the vocabulary is padded up to a multiple of 64
+(``padding_size``) and rank ``r`` keeps rows ``[r * V/tp, (r+1) * V/tp)``
+of the padded table (the padding rows are zeros). ``forward(ids)`` looks
+up the ids this rank holds, writes zeros for the others, and one
+all-reduce adds the ranks' rows up: each token's row comes from the one
+rank that has it. For logits, ``quant_method.apply(layer, hidden)``
+multiplies by this rank's rows: its slice of the vocabulary, which the
+``LogitsProcessor`` all-gathers (logits_processor.py); a tied head is the
+embedding itself.
+
+Left out: LoRA's added tokens (``org_num_embeddings``), the output bias,
+quantized tables split over ranks. One difference: upstream pads the
+vocabulary even with one rank; here a table whole on one rank keeps the
+checkpoint's shape (the quantized GGUF method and LoRA read it).
 """
 
 from __future__ import annotations
@@ -17,10 +27,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mini_vllm.distributed.communication_op import tensor_model_parallel_all_reduce
+from mini_vllm.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
+from mini_vllm.model_executor.layers.linear import divide
 from mini_vllm.model_executor.layers.quantization.base_config import (
     QuantizationConfig,
     QuantizeMethodBase,
 )
+
+DEFAULT_VOCAB_PADDING_SIZE = 64
 
 
 class UnquantizedEmbeddingMethod(QuantizeMethodBase):
@@ -37,6 +55,28 @@ class UnquantizedEmbeddingMethod(QuantizeMethodBase):
         return F.embedding(input_, layer.weight)
 
 
+def pad_vocab_size(vocab_size: int, pad_to: int = DEFAULT_VOCAB_PADDING_SIZE) -> int:
+    """``vocab_size`` rounded up to a multiple of ``pad_to``."""
+    return (vocab_size + pad_to - 1) // pad_to * pad_to
+
+
+def vocab_range_from_global_vocab_size(
+    global_vocab_size: int, rank: int, world_size: int
+) -> tuple[int, int]:
+    """[start, end) of rank ``rank``'s equal part of ``global_vocab_size`` ids."""
+    per_partition = divide(global_vocab_size, world_size)
+    return rank * per_partition, (rank + 1) * per_partition
+
+
+def get_masked_input_and_mask(
+    input_: torch.Tensor, org_vocab_start_index: int, org_vocab_end_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids as rows of this rank's table, 0 where the rank lacks the id;
+    True where it lacks it)."""
+    mask = (input_ >= org_vocab_start_index) & (input_ < org_vocab_end_index)
+    return (input_ - org_vocab_start_index) * mask, ~mask
+
+
 class VocabParallelEmbedding(nn.Module):
     def __init__(
         self,
@@ -44,38 +84,62 @@ class VocabParallelEmbedding(nn.Module):
         embedding_dim: int,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
     ) -> None:
         super().__init__()
-        self.num_embeddings = num_embeddings
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.num_embeddings = self.org_vocab_size = num_embeddings
         self.embedding_dim = embedding_dim
         self.prefix = prefix
+        if self.tp_size > 1 and quant_config is not None:
+            raise ValueError(f"{prefix}: a quantized table cannot be split over ranks in mini_vllm")
+        padded = num_embeddings
+        if self.tp_size > 1:
+            padded = pad_vocab_size(num_embeddings, padding_size)
+        self.num_embeddings_padded = padded
+        self.num_embeddings_per_partition = divide(padded, self.tp_size)
+        start, end = vocab_range_from_global_vocab_size(padded, self.tp_rank, self.tp_size)
+        # This rank's ids, padding left out: [org_vocab_start_index, org_vocab_end_index).
+        self.org_vocab_start_index = min(start, num_embeddings)
+        self.org_vocab_end_index = min(end, num_embeddings)
         # The table seen as a linear layer's weight [out, in], one shard.
         self.input_size, self.output_sizes, self.shard_ids = embedding_dim, [num_embeddings], [None]
         method = quant_config.get_quant_method(self, prefix) if quant_config else None
         self.quant_method: QuantizeMethodBase = method or UnquantizedEmbeddingMethod()
         self.quant_method.create_weights(
-            self, embedding_dim, [num_embeddings], torch.get_default_dtype()
+            self, embedding_dim, [self.num_embeddings_per_partition], torch.get_default_dtype()
         )
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.embedding(self, input_)
+        if self.tp_size == 1:
+            return self.quant_method.embedding(self, input_)
+        masked_input, input_mask = get_masked_input_and_mask(
+            input_, self.org_vocab_start_index, self.org_vocab_end_index
+        )
+        output = self.quant_method.embedding(self, masked_input)
+        output.masked_fill_(input_mask.unsqueeze(-1), 0)
+        return tensor_model_parallel_all_reduce(output)
 
     def weight_loader(
         self, param_name: str, loaded: torch.Tensor, shard_id=None, ckpt_name: str = ""
     ) -> None:
-        """As ``LinearBase.weight_loader``: copy with a shape check, unless the method loads."""
+        """Copy this rank's rows of the checkpoint's table (zeros for the
+        padding), with a shape check, unless the method loads."""
         custom = getattr(self.quant_method, "weight_loader", None)
         if custom is not None:
             custom(self, param_name, loaded, shard_id, ckpt_name)
             return
         target = getattr(self, param_name).data
-        if tuple(loaded.shape) != tuple(target.shape):
+        whole = (self.org_vocab_size, *target.shape[1:])
+        if tuple(loaded.shape) != whole:
             raise ValueError(
-                f"checkpoint tensor {ckpt_name!r} has shape {tuple(loaded.shape)}, "
-                f"expected {tuple(target.shape)}"
+                f"checkpoint tensor {ckpt_name!r} has shape {tuple(loaded.shape)}, expected {whole}"
             )
+        start, end = self.org_vocab_start_index, self.org_vocab_end_index
         with torch.no_grad():
-            target.copy_(loaded)
+            target[: end - start].copy_(loaded[start:end])
+            target[end - start :].fill_(0)
 
 
 class ParallelLMHead(VocabParallelEmbedding):

@@ -3,8 +3,7 @@
 Mirrors upstream ``vllm/model_executor/models/llama.py`` at v0.22.1
 (``LlamaMLP`` at :81, ``LlamaAttention`` at :124, ``LlamaDecoderLayer`` at
 :253, ``LlamaModel`` at :350 with its ``LlamaModel.load_weights`` at :436,
-``LlamaForCausalLM`` at :501). Left out: tensor and pipeline parallelism
-(mini_vllm's "parallel" layers hold whole weights), LoRA, EAGLE hooks,
+``LlamaForCausalLM`` at :501). Left out: pipeline parallelism, LoRA, EAGLE hooks,
 torch.compile, bidirectional (encoder-only) use,
 ``logit_scale``, and the GGUF-specific GPT-J RoPE (mini_vllm's loader
 un-permutes GGUF q/k weights instead). Sliding-window layers as upstream's
@@ -22,6 +21,14 @@ its method own their weights (layers/quantization/): a GGUF checkpoint's
 ``qweight``/``qweight_type`` tensors load the same way as ``weight``. The residual
 add is fused into the next RMSNorm call, as upstream does.
 
+Tensor parallelism (upstream's, through the parallel layers): each rank
+holds ``num_heads / tp`` query heads and ``num_kv_heads / tp`` KV heads (one,
+shared, when there are fewer KV heads than ranks), so its ``Attention``
+and KV cache see its heads only; o_proj and down_proj are row-parallel, so
+each decoder layer does one all-reduce after the attention output and one
+after the MLP; the embedding all-reduces its vocabulary slices and the
+``LogitsProcessor`` all-gathers the logits for the sampler.
+
 The batch is flat: ``forward(input_ids [T], positions [T]) -> [T, hidden]``
 for the new tokens of every scheduled request, back to back. Tokens of
 different requests meet only inside ``Attention``, which reads the step's
@@ -37,6 +44,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from mini_vllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from mini_vllm.model_executor.layers.activation import SiluAndMul
 from mini_vllm.model_executor.layers.attention import Attention
 from mini_vllm.model_executor.layers.layernorm import RMSNorm
@@ -44,7 +52,9 @@ from mini_vllm.model_executor.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
+    divide,
 )
+from mini_vllm.model_executor.layers.logits_processor import LogitsProcessor
 from mini_vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from mini_vllm.model_executor.layers.rotary_embedding import get_rope
 from mini_vllm.model_executor.layers.vocab_parallel_embedding import (
@@ -117,9 +127,22 @@ class LlamaAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.hidden_size = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
+        # Heads split over the tensor-parallel ranks (upstream :138-157); KV
+        # heads too, or, fewer than the ranks, one a rank, shared.
+        tp_size = get_tensor_model_parallel_world_size()
+        self.total_num_heads = config.num_attention_heads
+        self.num_heads = divide(self.total_num_heads, tp_size)
+        self.total_num_kv_heads = (
+            getattr(config, "num_key_value_heads", None) or self.total_num_heads
+        )
+        if self.total_num_kv_heads >= tp_size:
+            divide(self.total_num_kv_heads, tp_size)
+        else:
+            divide(tp_size, self.total_num_kv_heads)
+        self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)
+        self.head_dim = (
+            getattr(config, "head_dim", None) or self.hidden_size // self.total_num_heads
+        )
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scaling = self.head_dim**-0.5
@@ -128,14 +151,18 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = QKVParallelLinear(
             self.hidden_size,
             self.head_dim,
-            self.num_heads,
-            self.num_kv_heads,
+            self.total_num_heads,
+            self.total_num_kv_heads,
             bias,
             quant_config,
             f"{prefix}.qkv_proj",
         )
         self.o_proj = RowParallelLinear(
-            self.q_size, self.hidden_size, bias, quant_config, f"{prefix}.o_proj"
+            self.total_num_heads * self.head_dim,
+            self.hidden_size,
+            bias,
+            quant_config,
+            f"{prefix}.o_proj",
         )
         self.rotary_emb = get_rope(
             self.head_dim, config.max_position_embeddings, rope_parameters(config)
@@ -257,6 +284,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = ParallelLMHead(
                 config.vocab_size, config.hidden_size, quant_config, prefix="lm_head"
             )
+        self.logits_processor = LogitsProcessor(config.vocab_size)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token ids [T] -> their embeddings [T, hidden] (upstream's ``embed_input_ids``)."""
@@ -273,8 +301,9 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states [N, hidden] (the rows to sample from) -> logits [N, vocab]."""
-        return self.lm_head.quant_method.apply(self.lm_head, hidden_states)
+        """hidden_states [N, hidden] (the rows to sample from) -> logits [N, vocab]
+        (every rank's vocabulary slice, gathered)."""
+        return self.logits_processor(self.lm_head, hidden_states)
 
     def attention_layers(self) -> list[Attention]:
         """The Attention layers in layer order: one paged KV cache each."""

@@ -175,7 +175,8 @@ def verdict(scope: dict, node_id: str) -> tuple[bool, str] | None:
 # The in-scope tests that grade a phase's labs (those of the modules its labs
 # hollow out): a file, or "file::test" for the tests whose names start so.
 # Phases 09 (aging, fairness) and 16 (the server) hollow out modules upstream's
-# unit tests do not reach, so they have no line.
+# unit tests do not reach, so they have no line; nor does Phase 11, whose in-scope
+# upstream tests (the LoRA block-hash key, is_supported_lora_module) reach no lab of it.
 LAB_FILES = {
     "02": ["tests/v1/core/test_prefix_caching.py", "tests/v1/core/test_kv_cache_utils.py"],
     "03": ["tests/v1/core/test_scheduler.py", "tests/v1/core/test_priority_scheduler_random.py"],

@@ -33,6 +33,7 @@ def _gather(weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) ->
     return selected
 
 
+# BEGIN LAB 11.2: BGMV shrink: each row times its adapter's lora_a, scaled
 def bgmv_shrink(
     inputs: torch.Tensor,
     lora_a_weights: torch.Tensor,
@@ -41,11 +42,18 @@ def bgmv_shrink(
     scaling: float = 1.0,
 ) -> None:
     """``output[i, :rank] = scaling * lora_a[idx[i]] @ inputs[i]`` (overwrites)."""
+    # HINT: gather each row's lora_a (_gather drops the size-1 axis and casts to the
+    # HINT: output's dtype), contract over the input features (einsum "ti,tri->tr"),
+    # HINT: scale, and overwrite the first rank columns of output_tensor.
     matrices = _gather(lora_a_weights, lora_indices_tensor, output_tensor.dtype)
     shrunk = torch.einsum("ti,tri->tr", inputs.to(output_tensor.dtype), matrices)
     output_tensor[:, : shrunk.shape[1]] = scaling * shrunk
 
 
+# END LAB 11.2
+
+
+# BEGIN LAB 11.2: BGMV expand: each row's rank numbers times its adapter's lora_b
 def bgmv_expand(
     inputs: torch.Tensor,
     lora_b_weights: torch.Tensor,
@@ -55,6 +63,10 @@ def bgmv_expand(
 ) -> None:
     """``output[i] (+)= lora_b[idx[i]] @ inputs[i]``, over the columns both have
     (an adapter and the model may pad the output differently)."""
+    # HINT: gather each row's lora_b, contract over the rank ("tr,tor->to"), and
+    # HINT: add (add_inputs) or write into the first min(its width, the output's) columns.
+    # HINT: Upstream's edge case: one result row against several output rows fills only
+    # HINT: the first output row.
     matrices = _gather(lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     expanded = torch.einsum("tr,tor->to", inputs.to(output_tensor.dtype), matrices)
     # As upstream: a single result row against many output rows fills only the first.
@@ -68,6 +80,10 @@ def bgmv_expand(
         output_tensor[:, :width] = expanded[:rows, :width]
 
 
+# END LAB 11.2
+
+
+# BEGIN LAB 11.2: BGMV expand into one slice of the output's columns
 def bgmv_expand_slice(
     inputs: torch.Tensor,
     lora_b_weights: torch.Tensor,
@@ -79,6 +95,7 @@ def bgmv_expand_slice(
 ) -> None:
     """As ``bgmv_expand``, into columns ``slice_offset : slice_offset + slice_size``
     (one of q/k/v, or gate/up, of a merged projection)."""
+    # HINT: as bgmv_expand, but into columns slice_offset : slice_offset + slice_size.
     matrices = _gather(lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     expanded = torch.einsum("tr,tor->to", inputs.to(output_tensor.dtype), matrices)
     columns = slice(slice_offset, slice_offset + slice_size)
@@ -88,11 +105,15 @@ def bgmv_expand_slice(
         output_tensor[:, columns] = expanded
 
 
+# END LAB 11.2
+
+
 def _explode(lora_indices_tensor: torch.Tensor, seq_len_tensor: torch.Tensor) -> torch.Tensor:
     """One slot index per row: each segment's index repeated over its length."""
     return torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
 
 
+# BEGIN LAB 11.2: SGMV shrink: one slot index per segment of rows
 def sgmv_shrink(
     inputs: torch.Tensor,
     lora_a_weights: torch.Tensor,
@@ -106,10 +127,17 @@ def sgmv_shrink(
     scaling: float,
 ) -> None:
     """``bgmv_shrink`` with one slot index per segment of rows."""
+    # HINT: each segment's slot index repeated over its length gives one index a row
+    # HINT: (_explode); then it is bgmv_shrink. batches, max_seq_length, token_nums and
+    # HINT: b_seq_start_loc are for the GPU kernels: unused here.
     indices = _explode(lora_indices_tensor, seq_len_tensor)
     bgmv_shrink(inputs, lora_a_weights, output_tensor, indices, scaling)
 
 
+# END LAB 11.2
+
+
+# BEGIN LAB 11.2: SGMV expand: one slot index per segment of rows
 def sgmv_expand(
     inputs: torch.Tensor,
     lora_b_weights: torch.Tensor,
@@ -123,10 +151,15 @@ def sgmv_expand(
     add_inputs: bool = False,
 ) -> None:
     """``bgmv_expand`` with one slot index per segment of rows."""
+    # HINT: one index a row (_explode), then bgmv_expand.
     indices = _explode(lora_indices_tensor, seq_len_tensor)
     bgmv_expand(inputs, lora_b_weights, output_tensor, indices, add_inputs)
 
 
+# END LAB 11.2
+
+
+# BEGIN LAB 11.2: SGMV expand into a slice, one slot index per segment
 def sgmv_expand_slice(
     inputs: torch.Tensor,
     lora_b_weights: torch.Tensor,
@@ -142,7 +175,11 @@ def sgmv_expand_slice(
     add_inputs: bool = False,
 ) -> None:
     """``bgmv_expand_slice`` with one slot index per segment of rows."""
+    # HINT: one index a row (_explode), then bgmv_expand_slice.
     indices = _explode(lora_indices_tensor, seq_len_tensor)
     bgmv_expand_slice(
         inputs, lora_b_weights, output_tensor, indices, slice_offset, slice_size, add_inputs
     )
+
+
+# END LAB 11.2
