@@ -147,6 +147,37 @@ class ModelConfig:
                 f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}."
             )
 
+    def verify_with_parallel_config(self, hf_config, parallel_config) -> None:
+        """Refuse, before any worker starts, a model that ``tensor_parallel_size``
+        cannot split: upstream's check of the attention heads (config/model.py:1191),
+        then what its layers would assert later (KV heads, MLP, padded vocabulary)."""
+        tp = parallel_config.tensor_parallel_size
+        if tp == 1:
+            return
+        heads = hf_config.num_attention_heads
+        if heads % tp != 0:
+            raise ValueError(
+                f"Total number of attention heads ({heads}) must be divisible by tensor "
+                f"parallel size ({tp})."
+            )
+        kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+        if kv_heads % tp != 0 and tp % kv_heads != 0:
+            raise ValueError(
+                f"Total number of KV heads ({kv_heads}) must divide, or be divisible by, "
+                f"tensor parallel size ({tp})."
+            )
+        inter = getattr(hf_config, "intermediate_size", 0)
+        if inter % tp != 0:
+            raise ValueError(
+                f"intermediate_size ({inter}) must be divisible by tensor parallel size ({tp})."
+            )
+        padded = (hf_config.vocab_size + 63) // 64 * 64
+        if tp > 1 and padded % tp != 0:
+            raise ValueError(
+                f"The vocabulary ({hf_config.vocab_size}, padded to {padded}) must be "
+                f"divisible by tensor parallel size ({tp})."
+            )
+
     def verify_max_model_len(self, hf_config) -> None:
         """Refuse a max_model_len beyond the model's max_position_embeddings,
         as upstream's ``_get_and_verify_max_len`` (config/model.py:2119) does.

@@ -76,3 +76,28 @@ def test_cli_and_server_take_the_tensor_parallel_flags(capsys):
         ["--tensor-parallel-size", "3", "--distributed-executor-backend", "mp"]
     )
     assert (args.tensor_parallel_size, args.distributed_executor_backend) == (3, "mp")
+
+
+def test_a_model_tensor_parallel_cannot_split_is_refused_before_the_workers_start():
+    from transformers import LlamaConfig
+
+    smollm2_shape = LlamaConfig(
+        hidden_size=576,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+    )
+    model_config = ModelConfig()
+    model_config.verify_with_parallel_config(smollm2_shape, ParallelConfig(3))
+    with pytest.raises(ValueError, match=r"attention heads \(9\) must be divisible by tensor"):
+        model_config.verify_with_parallel_config(smollm2_shape, ParallelConfig(2))
+    tiny = LlamaConfig(
+        hidden_size=48,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        vocab_size=512,
+    )
+    with pytest.raises(ValueError, match=r"KV heads \(2\) must divide"):
+        model_config.verify_with_parallel_config(tiny, ParallelConfig(3))

@@ -112,6 +112,7 @@ class LLMEngine:
             )
         self.model, self.hf_config, self.tokenizer = loaded
         model_config.verify_max_model_len(self.hf_config)
+        model_config.verify_with_parallel_config(self.hf_config, vllm_config.parallel_config)
         self.engine_core = EngineCore(
             vllm_config, self.model, self.device, self.dtype, backend, tokenizer=self.tokenizer
         )
