@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import mini_vllm.testing as mini
 from mini_vllm.grading.checks import crash_message, written
 from mini_vllm.oracle.batch_workload import MiniSide
+from mini_vllm.oracle.strategies import lora_workloads
 from mini_vllm.oracle.workload import Stalled, lockstep_difference, run_workload
 
 # ------------------------------------------------------------------ Lab 11.1
@@ -36,6 +37,23 @@ def scheduler_difference(impl, up, workload, expected: dict | None = None) -> st
     except Exception as e:  # noqa: BLE001 - a bug in the code under grade, told in words
         return crash_message(e)
     return lockstep_difference(expected, got)
+
+
+@st.composite
+def crowded_lora_workloads(draw):
+    """A ``lora_workloads`` workload (mini_vllm/oracle/strategies.py) whose
+    first requests arrive together on one or two more distinct adapters than
+    ``max_loras`` (short requests added if it has too few), so that the limit
+    holds some back in the first steps; the rest keep their drawn adapters."""
+    from mini_vllm.oracle.workload import RequestSpec
+
+    w = draw(lora_workloads())
+    crowd = w.config["max_loras"] + draw(st.integers(1, 2), label="adapters over the limit")
+    for i in range(len(w.requests), crowd):
+        w.requests.append(RequestSpec(f"extra-{i}", [i + 1, i + 2, i + 3], max_tokens=4))
+    for i, spec in enumerate(w.requests[:crowd]):
+        spec.lora_id, spec.arrive_step, spec.abort_step = i + 1, 0, None
+    return w
 
 
 def describe(workload) -> str:

@@ -13,20 +13,20 @@ workload, with the same fake-model tokens, and demands the same step for step
 (scheduled tokens, new and cached requests with their adapters, block ids,
 free blocks, outputs). The fixed workloads below each isolate one rule (and
 check first that upstream's trace shows it, or they would prove nothing);
-then, marked ``upstream``, generated LoRA workloads
-(mini_vllm/oracle/strategies.py ``lora_workloads``: max_loras 1-3, up to two
-more adapters than slots, base-model requests mixed in, prefix caching and
-chunked prefill on or off).
+then generated LoRA workloads (mini_vllm/oracle/strategies.py
+``lora_workloads``: max_loras 1-3, base-model requests mixed in, prefix
+caching and chunked prefill on or off), each crowded so that its first
+requests arrive together on one or two more adapters than ``max_loras``
+(phase11_helpers.crowded_lora_workloads: the limit then holds some back).
 """
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given
-from phase11_helpers import describe, scheduler_difference
+from phase11_helpers import crowded_lora_workloads, describe, scheduler_difference
 
 from mini_vllm.grading.checks import lab_settings
-from mini_vllm.oracle.strategies import lora_workloads
 from mini_vllm.oracle.workload import RequestSpec, Workload, run_workload
 
 pytestmark = pytest.mark.upstream
@@ -143,7 +143,7 @@ def test_lockstep_with_upstream_on_generated_lora_workloads(impl, up):
     held_back = []
 
     @LOCKSTEP
-    @given(w=lora_workloads())
+    @given(w=crowded_lora_workloads())
     def run(w):
         trace = run_workload(up, w)
         diff = scheduler_difference(impl, up, w, trace)
