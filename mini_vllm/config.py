@@ -10,7 +10,8 @@ n-gram method only), ``LoRAConfig`` (config/lora.py:31), ``KVTransferConfig``
 (config/parallel.py:108: tensor parallelism and the executor only) and
 ``VllmConfig`` (config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
-path, dtype, ``quantization``, seed, ``max_logprobs``, ``logits_processors`` and ``logprobs_mode``
+path, dtype, ``quantization``, seed, ``max_logprobs``, ``logits_processors``, ``logprobs_mode``
+and ``mm_max_tokens_per_item`` (what upstream's processor reports for a multimodal model)
 (upstream checks its four values with pydantic; mini with
 ``verify_logprobs_mode``); its ``verify_max_model_len`` is the check at
 the end of upstream's ``_get_and_verify_max_len`` (config/model.py:2119).
@@ -50,8 +51,27 @@ class SchedulerConfig:
     # Schedule step N+1 while step N runs (AsyncScheduler and the engine
     # core's batch queue). Upstream resolves its default to True; here False.
     async_scheduling: bool = False
+    # The encoder budgets of a multimodal model, in encoder embeddings: how
+    # many one step may compute, and how many the runner's encoder cache
+    # holds (config/scheduler.py:96, :103). Upstream always sets both to
+    # max_num_batched_tokens (:235-236); mini_vllm does when they are None,
+    # and lets them be set (tests and labs use tight budgets).
+    max_num_encoder_input_tokens: int | None = None
+    encoder_cache_size: int | None = None
+    # Never cut a multimodal item's placeholders between two steps (:117).
+    disable_chunked_mm_input: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_num_encoder_input_tokens is None:
+            self.max_num_encoder_input_tokens = self.max_num_batched_tokens
+        if self.encoder_cache_size is None:
+            self.encoder_cache_size = self.max_num_batched_tokens
 
     def verify(self, max_model_len: int) -> None:
+        for name in ("max_num_encoder_input_tokens", "encoder_cache_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens < 1:
@@ -134,6 +154,12 @@ class ModelConfig:
     # What logprobs hold (upstream's LogprobsMode, vllm/config/model.py:98):
     # raw_logprobs (the default), raw_logits, processed_logprobs, processed_logits.
     logprobs_mode: str = "raw_logprobs"
+    # A multimodal model's most encoder embeddings per item, by modality
+    # ({"image": 576}); None for a text model. Upstream asks the model's
+    # processor (MultiModalBudget, vllm/multimodal/encoder_budget.py:117);
+    # mini_vllm's model loader sets it. The scheduler's encoder budgets
+    # come from it (core/encoder_cache_manager.compute_mm_encoder_budget).
+    mm_max_tokens_per_item: dict[str, int] | None = None
 
     def verify(self) -> None:
         from mini_vllm.model_executor.layers.quantization import verify_quantization

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import torch
+
 from mini_vllm.config import (
     CacheConfig,
     KVTransferConfig,
@@ -37,6 +39,7 @@ from mini_vllm.kv_cache_interface import (
 )
 from mini_vllm.lora.request import LoRARequest
 from mini_vllm.model_executor.model_loader.tiny_llava import make_tiny_llava
+from mini_vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from mini_vllm.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
 from mini_vllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -78,6 +81,10 @@ def create_scheduler(
     kv_groups: list | None = None,
     max_loras: int | None = None,
     kv_transfer_config: dict | None = None,
+    mm_max_tokens_per_item: int | None = None,
+    max_num_encoder_input_tokens: int | None = None,
+    encoder_cache_size: int | None = None,
+    disable_chunked_mm_input: bool = False,
 ) -> Scheduler:
     """A scheduler over ``num_blocks`` KV blocks (block 0 is the null block);
     an ``AsyncScheduler`` with ``async_scheduling``, as upstream's engine picks;
@@ -90,11 +97,19 @@ def create_scheduler(
     full attention, an int a sliding window; ``kv_cache_config_of``); default
     one full-attention group. ``max_loras``: LoRA on, with that many adapters a step.
     ``kv_transfer_config``: KVTransferConfig's fields, for a scheduler with a
-    KV connector."""
+    KV connector. ``mm_max_tokens_per_item``: a multimodal (image) model whose
+    items have at most that many embeddings, with the encoder budgets
+    ``max_num_encoder_input_tokens`` and ``encoder_cache_size`` (None:
+    max_num_batched_tokens, upstream's value)."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     vllm_config = VllmConfig(
-        model_config=ModelConfig(max_model_len=max_model_len),
+        model_config=ModelConfig(
+            max_model_len=max_model_len,
+            mm_max_tokens_per_item=None
+            if mm_max_tokens_per_item is None
+            else {"image": mm_max_tokens_per_item},
+        ),
         cache_config=CacheConfig(
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
@@ -108,6 +123,9 @@ def create_scheduler(
             policy=policy,
             scheduler_reserve_full_isl=scheduler_reserve_full_isl,
             async_scheduling=async_scheduling if num_speculative_tokens is None else False,
+            max_num_encoder_input_tokens=max_num_encoder_input_tokens,
+            encoder_cache_size=encoder_cache_size,
+            disable_chunked_mm_input=disable_chunked_mm_input,
         ),
         speculative_config=None
         if num_speculative_tokens is None
@@ -153,6 +171,7 @@ def create_requests(
     ignore_eos: bool = False,
     structured_outputs: dict | None = None,
     lora_ids: Sequence[int | None] | None = None,
+    mm_items: Sequence[list | None] | None = None,
 ) -> list[Request]:
     """Requests whose prompts are ``[i] * num_tokens`` (or ``[0] * ...`` with
     ``same_prompt``) unless ``prompt_token_ids`` gives them; EOS is
@@ -161,7 +180,8 @@ def create_requests(
     ``structured_outputs``: keyword arguments of a StructuredOutputsParams
     every request gets, validated as the input processor does (the requests
     then wait for their grammar). ``lora_ids``: per request, None or the id
-    of a LoRA adapter (``lora_request_for``)."""
+    of a LoRA adapter (``lora_request_for``). ``mm_items``: per request, its
+    images as ``(offset, length, identifier, is_embed)`` (``mm_features_for``)."""
     block_hasher = get_request_block_hasher(block_size, sha256)
     requests = []
     for i in range(num_requests):
@@ -189,9 +209,22 @@ def create_requests(
                 priority=priorities[i] if priorities is not None else 0,
                 block_hasher=block_hasher,
                 lora_request=lora_request_for(lora_ids[i] if lora_ids is not None else None),
+                mm_features=mm_features_for(mm_items[i] if mm_items is not None else None),
             )
         )
     return requests
+
+
+def mm_features_for(items: Sequence | None) -> list[MultiModalFeatureSpec]:
+    """Fake image features, no data: ``(offset, length, identifier, is_embed)``
+    each (``is_embed``: None, or a list of bools over the placeholders)."""
+    features = []
+    for offset, length, identifier, is_embed in items or ():
+        mask = None if is_embed is None else torch.tensor(is_embed, dtype=torch.bool)
+        features.append(
+            MultiModalFeatureSpec(None, "image", identifier, PlaceholderRange(offset, length, mask))
+        )
+    return features
 
 
 def lora_request_for(lora_id: int | None) -> LoRARequest | None:

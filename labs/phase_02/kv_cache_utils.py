@@ -33,6 +33,7 @@ from mini_vllm.core.kv_cache_utils import (  # noqa: F401
     BlockHash,
     BlockHashWithGroupId,
     KVCacheBlock,
+    _gen_mm_extra_hash_keys,
     _get_kv_cache_groups_uniform_page_size,
     create_kv_cache_group_specs,
     generate_block_hash_extra_keys,
@@ -165,8 +166,11 @@ def get_request_block_hasher(
         # HINT: request.block_hashes already holds one hash per block hashed before;
         # HINT: hash only whole blocks of request.all_token_ids after those, each
         # HINT: chained on the previous one (the last known hash, or None at the start).
-        # HINT: pass generate_block_hash_extra_keys(request) as extra_keys (a LoRA
-        # HINT: request's blocks carry its adapter's name; Phase 11).
+        # HINT: each block's extra_keys come from generate_block_hash_extra_keys(request,
+        # HINT: start, end, mm_idx), which also returns the mm_idx for the next block
+        # HINT: (start at 0 for the first block, -1 (the last image) past it: only
+        # HINT: output tokens fill later blocks). A LoRA request's blocks carry its
+        # HINT: adapter's name (Phase 11), an image's blocks its hash (Phase 13).
         raise NotImplementedError(
             "Lab 02.3: hash the blocks that became full since the last call "
             "(labs/phase_02/kv_cache_utils.py)"

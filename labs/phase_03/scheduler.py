@@ -83,6 +83,10 @@ class Scheduler(_reference.Scheduler):
         token_budget = self.max_num_scheduled_tokens
         # req_id -> the drafts scheduled for verification this step.
         scheduled_spec_decode_tokens: dict[str, list[int]] = {}
+        # req_id -> the indices of its mm_features to encode this step, and the
+        # encoder embeddings this step may still compute.
+        scheduled_encoder_inputs: dict[str, list[int]] = {}
+        encoder_compute_budget = self.max_num_encoder_input_tokens
 
         # Phase 1: the RUNNING requests, in order.
         # (mirrors vllm/v1/core/sched/scheduler.py:366-499)
@@ -109,8 +113,20 @@ class Scheduler(_reference.Scheduler):
                 - request.num_computed_tokens,
                 token_budget,
             )
+            # Its images whose placeholders this chunk reaches: encode them if
+            # the encoder budget and cache allow, else stop the chunk before
+            # the first that does not fit (mirrors vllm/v1/core/sched/scheduler.py:400-416).
+            encoder_inputs_to_schedule: list[int] = []
+            new_encoder_compute_budget = encoder_compute_budget
+            if request.has_encoder_inputs:
+                encoder_inputs_to_schedule, num_new_tokens, new_encoder_compute_budget = (
+                    self._try_schedule_encoder_inputs(
+                        request, request.num_computed_tokens, num_new_tokens, encoder_compute_budget
+                    )
+                )
             if num_new_tokens == 0:
-                # Nothing to do for it now (it sits at max_model_len - 1).
+                # Nothing to do for it now (it sits at max_model_len - 1, or its
+                # next image does not fit the encoder budget or cache).
                 # `continue`, not `break`: later requests may still run.
                 req_index += 1
                 continue
@@ -119,10 +135,12 @@ class Scheduler(_reference.Scheduler):
             # (mirrors vllm/v1/core/sched/scheduler.py:443-490)
             # BEGIN LAB 03.3: allocate_slots -> None -> preempt a victim -> retry
             # HINT: receives request, num_new_tokens and this step's records; leaves new_blocks
-            # HINT: (None: give up), token_budget and req_index right for the code after it.
+            # HINT: (None: give up), token_budget, encoder_compute_budget and req_index right
+            # HINT: for the code after it.
             # HINT: loop: ask allocate_slots for num_new_tokens; stop when it returns blocks.
             # HINT: FCFS victim: the tail of self.running. PRIORITY victim: the largest
-            # HINT: (priority, arrival_time); if it was already scheduled this step, undo that.
+            # HINT: (priority, arrival_time); if it was already scheduled this step, undo that
+            # HINT: (its tokens, blocks, drafts, and the encoder budget its images took).
             # HINT: if the victim is `request` itself, give up on it (new_blocks stays None).
             new_blocks = None  # yours to set: the code after the region reads it
             raise NotImplementedError(
@@ -157,6 +175,14 @@ class Scheduler(_reference.Scheduler):
                     ]
                 # Fresh drafts arrive through update_draft_token_ids after the step.
                 request.spec_token_ids = []
+
+            # Its images run in the encoder this step: reserve their cache
+            # entries (mirrors vllm/v1/core/sched/scheduler.py:520-527).
+            if encoder_inputs_to_schedule:
+                scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
+                for i in encoder_inputs_to_schedule:
+                    self.encoder_cache_manager.allocate(request, i)
+                encoder_compute_budget = new_encoder_compute_budget
 
         # Phase 2: admit WAITING requests in queue order while three gates
         # stay open. (Upstream checks the same three, in two `if`s and a
@@ -243,6 +269,8 @@ class Scheduler(_reference.Scheduler):
                 num_new_local_computed_tokens = 0
                 num_computed_tokens = request.num_computed_tokens
 
+            encoder_inputs_to_schedule = []
+            new_encoder_compute_budget = encoder_compute_budget
             if load_kv_async:
                 # Its KV loads between steps: blocks now, no work this step.
                 num_new_tokens = 0
@@ -258,6 +286,16 @@ class Scheduler(_reference.Scheduler):
                     "(labs/phase_03/scheduler.py)"
                 )
                 # END LAB 03.2
+                # Its images, as for a running request; one that does not fit
+                # stops admissions (mirrors vllm/v1/core/sched/scheduler.py:671-686).
+                if request.has_encoder_inputs:
+                    encoder_inputs_to_schedule, num_new_tokens, new_encoder_compute_budget = (
+                        self._try_schedule_encoder_inputs(
+                            request, num_computed_tokens, num_new_tokens, encoder_compute_budget
+                        )
+                    )
+                    if num_new_tokens == 0:
+                        break
 
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request,
@@ -269,7 +307,11 @@ class Scheduler(_reference.Scheduler):
                 full_sequence_must_fit=self.scheduler_config.scheduler_reserve_full_isl,
             )
             if new_blocks is None:
-                break  # no memory: stop admitting (strict queue order)
+                # No memory: stop admitting (strict queue order), and drop the
+                # references its cache hits took (scheduler.py:732-740).
+                if request.has_encoder_inputs:
+                    self.encoder_cache_manager.free(request)
+                break
 
             # The connector learns the request's blocks, and how many of them
             # it fills (mirrors vllm/v1/core/sched/scheduler.py:742-760).
@@ -306,6 +348,11 @@ class Scheduler(_reference.Scheduler):
                 "Lab 03.1: admit the request and charge the budget (labs/phase_03/scheduler.py)"
             )
             # END LAB 03.1
+            if encoder_inputs_to_schedule:
+                scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
+                for i in encoder_inputs_to_schedule:
+                    self.encoder_cache_manager.allocate(request, i)
+                encoder_compute_budget = new_encoder_compute_budget
 
         # Skipped this step: back ahead of the older skipped ones (scheduler.py:822).
         if step_skipped_waiting:
@@ -341,6 +388,9 @@ class Scheduler(_reference.Scheduler):
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={req.request_id for req in preempted_reqs},
             scheduled_spec_decode_tokens=scheduled_spec_decode_tokens,
+            scheduled_encoder_inputs=scheduled_encoder_inputs,
+            # Evicted this step: the runner drops these outputs (scheduler.py:901).
+            free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
         )
         # The connector packs this step's loads and saves for the workers and
         # resets its per-step state (scheduler.py:905-911).
@@ -393,7 +443,8 @@ class Scheduler(_reference.Scheduler):
         has no swapping). Prefix caching often makes that recompute cheap:
         its freed blocks stay cached until reused.
         """
-        # HINT: free its KV blocks; PREEMPTED; nothing computed any more; count the
+        # HINT: free its KV blocks (and its encoder-cache references); PREEMPTED;
+        # HINT: nothing computed any more; count the
         # HINT: preemption; and put it at the FRONT of the waiting queue.
         raise NotImplementedError(
             "Lab 03.3: preempt one request (recompute, not swap) (labs/phase_03/scheduler.py)"
@@ -462,6 +513,10 @@ class Scheduler(_reference.Scheduler):
                 spec_decoding_stats = self.make_spec_decoding_stats(
                     spec_decoding_stats, num_draft_tokens, num_accepted
                 )
+
+            # Images now wholly in the KV cache are done with (the step ran).
+            if request.has_encoder_inputs:
+                self._free_encoder_inputs(request)
 
             stopped = False
             if new_token_ids:

@@ -5,7 +5,8 @@ Mirrors upstream ``vllm/v1/core/kv_cache_utils.py`` at v0.22.1:
 ``make_block_hash_with_group_id`` (:55), ``KVCacheBlock`` (:116),
 ``FreeKVCacheBlockQueue`` (:164), ``hash_block_tokens`` (:541),
 ``get_request_block_hasher`` (:637), ``generate_block_hash_extra_keys``
-(:503, the LoRA key only), ``init_none_hash`` (:97); the grouping:
+(:503, LoRA's and multimodal keys: ``_gen_mm_extra_hash_keys`` :395),
+``init_none_hash`` (:97); the grouping:
 ``create_kv_cache_group_specs`` (:822), ``is_kv_cache_spec_uniform`` (:852),
 ``_get_kv_cache_groups_uniform_page_size`` (:1057),
 ``get_kv_cache_config_from_groups`` (:1236), ``unify_hybrid_kv_cache_specs``
@@ -290,17 +291,59 @@ def hash_block_tokens(
 # END LAB 02.3
 
 
+# mirrors vllm/v1/core/kv_cache_utils.py:395-460
+def _gen_mm_extra_hash_keys(
+    request: Request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+) -> tuple[list[Any], int]:
+    """(identifier, offset of the item relative to the block's start) for every
+    multimodal item whose placeholders the block ``[start_token_idx,
+    end_token_idx)`` overlaps, and the index of the item the next block should
+    start looking at. Two requests with the same placeholder tokens but
+    different images then never share a block; the same image at another
+    offset in the block does not either. ``start_mm_idx`` -1 means the last item.
+    Items are in prompt order (by offset)."""
+    extra_keys: list[Any] = []
+    mm_features = request.mm_features
+    if not mm_features:
+        return extra_keys, start_mm_idx
+    last = mm_features[-1].mm_position
+    if last.offset + last.length <= start_token_idx:
+        return extra_keys, start_mm_idx  # past every item (late prefill, decode)
+    if start_mm_idx < 0:
+        start_mm_idx += len(mm_features)
+    mm_idx = start_mm_idx
+    while mm_idx < len(mm_features):
+        feature = mm_features[mm_idx]
+        offset, length = feature.mm_position.offset, feature.mm_position.length
+        if end_token_idx <= offset:
+            break  # the block ends before this item
+        if start_token_idx >= offset + length:
+            mm_idx += 1  # the block starts after this item
+            continue
+        extra_keys.append((feature.identifier, offset - start_token_idx))
+        if end_token_idx < offset + length:
+            break  # the item runs on into the next block
+        mm_idx += 1  # the item ends here; the next one may start in this block
+    return extra_keys, mm_idx
+
+
 # mirrors vllm/v1/core/kv_cache_utils.py:503-538 (and _gen_lora_extra_hash_keys, :462)
-def generate_block_hash_extra_keys(request: Request) -> tuple[Any, ...] | None:
-    """What a block's hash carries besides its tokens: the adapter's name for
-    a LoRA request (so two adapters never share cached KV), else None.
-    Upstream also adds multimodal hashes, a cache salt and prompt-embedding
-    hashes, which mini_vllm does not have; so the key is the same for every
-    block of a request, and this takes no block range."""
+def generate_block_hash_extra_keys(
+    request: Request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+) -> tuple[tuple[Any, ...] | None, int]:
+    """What the block ``[start_token_idx, end_token_idx)``'s hash carries
+    besides its tokens, and the next multimodal index: the adapter's name for
+    a LoRA request (so two adapters never share cached KV), then the
+    multimodal items it overlaps (``_gen_mm_extra_hash_keys``); None if
+    neither. Upstream also adds a cache salt and prompt-embedding hashes,
+    which mini_vllm does not have."""
+    mm_keys, next_mm_idx = _gen_mm_extra_hash_keys(
+        request, start_token_idx, end_token_idx, start_mm_idx
+    )
     lora_request = getattr(request, "lora_request", None)
-    if lora_request is None:
-        return None
-    return (lora_request.lora_name,)
+    lora_keys = [] if lora_request is None else [lora_request.lora_name]
+    extra_keys = lora_keys + mm_keys
+    return (tuple(extra_keys) if extra_keys else None), next_mm_idx
 
 
 # mirrors vllm/v1/core/kv_cache_utils.py:637-688
@@ -315,14 +358,20 @@ def get_request_block_hasher(
         # HINT: request.block_hashes already holds one hash per block hashed before;
         # HINT: hash only whole blocks of request.all_token_ids after those, each
         # HINT: chained on the previous one (the last known hash, or None at the start).
-        # HINT: pass generate_block_hash_extra_keys(request) as extra_keys (a LoRA
-        # HINT: request's blocks carry its adapter's name; Phase 11).
-        extra_keys = generate_block_hash_extra_keys(request)
+        # HINT: each block's extra_keys come from generate_block_hash_extra_keys(request,
+        # HINT: start, end, mm_idx), which also returns the mm_idx for the next block
+        # HINT: (start at 0 for the first block, -1 (the last image) past it: only
+        # HINT: output tokens fill later blocks). A LoRA request's blocks carry its
+        # HINT: adapter's name (Phase 11), an image's blocks its hash (Phase 13).
         start = len(request.block_hashes) * block_size
         tokens = request.all_token_ids
         parent = request.block_hashes[-1] if request.block_hashes else None
+        mm_idx = 0 if start == 0 else -1
         new_hashes: list[BlockHash] = []
         while start + block_size <= len(tokens):
+            extra_keys, mm_idx = generate_block_hash_extra_keys(
+                request, start, start + block_size, mm_idx
+            )
             block = tokens[start : start + block_size]
             parent = hash_block_tokens(caching_hash_fn, parent, block, extra_keys)
             new_hashes.append(parent)

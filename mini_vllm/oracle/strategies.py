@@ -165,3 +165,75 @@ def lora_workloads(draw) -> Workload:
         spec.lora_id = draw(st.none() | st.integers(1, num_adapters), label="lora id")
     workload.name = "generated-lora"
     return workload
+
+
+# The token every image placeholder carries: two requests with the same
+# placeholder tokens differ only in their images' identifiers.
+IMAGE_TOKEN = 999
+
+
+@st.composite
+def mm_workloads(draw) -> Workload:
+    """A workload from ``workloads()`` for a multimodal model: images of at
+    most ``mm_max_tokens_per_item`` embeddings, tight encoder budgets and
+    caches (upstream raises both to at least one item), some placeholders
+    with ``is_embed`` masks, sometimes ``disable_chunked_mm_input``. A pool
+    of up to four images is shared across requests (same identifier, same
+    placeholder length and mask); each request gets 0-3 of them between text
+    chunks, after an optional shared start (text, then an image, so that
+    prefix-cache hits cover image blocks and two requests with equal
+    placeholder tokens but different images must not hit each other)."""
+    workload = draw(workloads())
+    config = workload.config
+    max_model_len = config["max_model_len"]
+    max_item = draw(
+        st.integers(1, max(1, min(24, config["max_num_batched_tokens"], max_model_len - 1))),
+        label="mm_max_tokens_per_item",
+    )
+    config["mm_max_tokens_per_item"] = max_item
+    config["max_num_encoder_input_tokens"] = draw(
+        st.integers(0, 3 * max_item) | st.just(max_item), label="encoder budget"
+    )
+    config["encoder_cache_size"] = draw(
+        st.integers(0, 4 * max_item) | st.just(max_item), label="encoder cache size"
+    )
+    config["disable_chunked_mm_input"] = draw(
+        st.sampled_from([False, False, True]), label="disable_chunked_mm_input"
+    )
+    pool = []
+    for j in range(draw(st.integers(1, 4), label="images")):
+        length = draw(st.integers(1, max_item), label="placeholder length")
+        mask = None
+        if draw(st.booleans(), label="masked"):
+            # A mask never has more embeddings than the length, so the
+            # item's embeddings stay within max_item.
+            mask = draw(st.lists(st.booleans(), min_size=length, max_size=length), label="mask")
+        pool.append((f"img{j}", length, mask))
+    start_text = draw(st.lists(st.integers(1, 998), max_size=12), label="shared text")
+    start_image = draw(st.integers(0, len(pool) - 1), label="shared image")
+    for spec in workload.requests:
+        prompt: list[int] = []
+        items: list = []
+        if draw(st.booleans(), label="shared start"):
+            # The shared text, then an image (one of two, so that equal
+            # placeholders with different images happen).
+            ident, length, mask = pool[start_image if draw(st.booleans()) else 0]
+            prompt = list(start_text)
+            items.append([len(prompt), length, ident, mask])
+            prompt += [IMAGE_TOKEN] * length
+        for _ in range(draw(st.integers(0, 3), label="images in the request")):
+            text = draw(st.lists(st.integers(1, 998), max_size=10), label="text")
+            ident, length, mask = draw(st.sampled_from(pool), label="image")
+            prompt += text
+            items.append([len(prompt), length, ident, mask])
+            prompt += [IMAGE_TOKEN] * length
+        prompt += draw(st.lists(st.integers(1, 998), max_size=10), label="tail text")
+        # Keep what fits (a prompt is shorter than max_model_len) and the
+        # images wholly inside it.
+        prompt = prompt[: max_model_len - 1] or spec.prompt_token_ids
+        items = [it for it in items if it[0] + it[1] <= len(prompt)]
+        spec.prompt_token_ids = prompt
+        spec.min_tokens = min(spec.min_tokens, max_model_len - len(prompt))
+        spec.mm_items = items or None
+    workload.name = "generated-mm"
+    return workload

@@ -40,9 +40,14 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
 )
 from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core import kv_cache_utils  # noqa: E402
+from vllm.v1.core.encoder_cache_manager import (  # noqa: E402
+    EncoderCacheManager,
+    compute_mm_encoder_budget,
+)
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -139,6 +144,10 @@ def create_scheduler(
     kv_groups: list | None = None,
     max_loras: int | None = None,
     kv_transfer_config: dict | None = None,
+    mm_max_tokens_per_item: int | None = None,
+    max_num_encoder_input_tokens: int | None = None,
+    encoder_cache_size: int | None = None,
+    disable_chunked_mm_input: bool = False,
 ) -> Scheduler:
     """Upstream's Scheduler, or its AsyncScheduler with ``async_scheduling``
     (the class upstream's engine picks for that setting). ``kv_groups``: one
@@ -146,7 +155,14 @@ def create_scheduler(
     window), driven by upstream's hybrid coordinator as on a GPU; default one
     full-attention group. ``max_loras``: LoRA on, with that many adapters a step.
     ``kv_transfer_config``: KVTransferConfig's fields (the connector's buffer
-    on the CPU), for a scheduler with a KV connector."""
+    on the CPU), for a scheduler with a KV connector. ``mm_max_tokens_per_item``:
+    the scheduler of a multimodal (image) model whose items have at most that
+    many embeddings, with the encoder budgets given (None: upstream's,
+    max_num_batched_tokens). The stand-in model is text-only, so the budgets
+    are set after the scheduler is built, from upstream's own
+    compute_mm_encoder_budget, as its MultiModalBudget would
+    (vllm/multimodal/encoder_budget.py:117) and as upstream's scheduler tests
+    do (tests/v1/core/test_scheduler.py:3638)."""
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     scheduler_config = SchedulerConfig(
@@ -159,7 +175,12 @@ def create_scheduler(
         policy=policy,
         scheduler_reserve_full_isl=scheduler_reserve_full_isl,
         async_scheduling=async_scheduling,
+        disable_chunked_mm_input=disable_chunked_mm_input,
     )
+    if max_num_encoder_input_tokens is not None:
+        scheduler_config.max_num_encoder_input_tokens = max_num_encoder_input_tokens
+    if encoder_cache_size is not None:
+        scheduler_config.encoder_cache_size = encoder_cache_size
     model_config = ModelConfig(
         model=_model_dir,
         skip_tokenizer_init=True,
@@ -220,13 +241,20 @@ def create_scheduler(
         # On a CPU, VllmConfig disables the hybrid manager (the platform says
         # it has no support, vllm/config/vllm.py:1415); a GPU keeps it on.
         vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
-    return (AsyncScheduler if async_scheduling else Scheduler)(
+    scheduler = (AsyncScheduler if async_scheduling else Scheduler)(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=block_size,
         log_stats=True,
     )
+    if mm_max_tokens_per_item is not None:
+        budget, cache_size = compute_mm_encoder_budget(
+            vllm_config.scheduler_config, {"image": mm_max_tokens_per_item}
+        )
+        scheduler.max_num_encoder_input_tokens = budget
+        scheduler.encoder_cache_manager = EncoderCacheManager(cache_size=cache_size)
+    return scheduler
 
 
 def _kv_cache_config(num_blocks: int, block_size: int, groups: list | None = None) -> KVCacheConfig:
@@ -307,11 +335,14 @@ def create_requests(
     ignore_eos: bool = False,
     structured_outputs: dict | None = None,
     lora_ids: Sequence[int | None] | None = None,
+    mm_items: Sequence[list | None] | None = None,
 ) -> list[Request]:
     """``lora_ids``: per request, None or an adapter id (``lora_request_for``).
     ``structured_outputs``: keyword arguments of a StructuredOutputsParams
     every request gets, validated as upstream's input processor does with the
-    xgrammar backend (the request then waits for its grammar)."""
+    xgrammar backend (the request then waits for its grammar). ``mm_items``:
+    per request, its images as ``(offset, length, identifier, is_embed)``
+    (``mm_features_for``)."""
     block_hasher = kv_cache_utils.get_request_block_hasher(block_size, sha256)
     requests = []
     for i in range(num_requests):
@@ -342,9 +373,27 @@ def create_requests(
                 priority=priorities[i] if priorities is not None else 0,
                 block_hasher=block_hasher,
                 lora_request=lora_request_for(lora_ids[i] if lora_ids is not None else None),
+                mm_features=mm_features_for(mm_items[i] if mm_items is not None else None),
             )
         )
     return requests
+
+
+def mm_features_for(items: Sequence | None) -> list[MultiModalFeatureSpec] | None:
+    """Upstream's fake image features, no data: ``(offset, length,
+    identifier, is_embed)`` each; None for none, as upstream's helper passes."""
+    features = []
+    for offset, length, identifier, is_embed in items or ():
+        mask = None if is_embed is None else torch.tensor(is_embed, dtype=torch.bool)
+        features.append(
+            MultiModalFeatureSpec(
+                data=None,
+                modality="image",
+                identifier=identifier,
+                mm_position=PlaceholderRange(offset=offset, length=length, is_embed=mask),
+            )
+        )
+    return features or None
 
 
 def lora_request_for(lora_id: int | None) -> LoRARequest | None:

@@ -63,11 +63,15 @@ class RequestSpec:
     # LoRA only (the config's max_loras): the id of the adapter the request
     # runs with (None: the base model).
     lora_id: int | None = None
+    # Multimodal only (the config's mm_max_tokens_per_item): the request's
+    # images, in prompt order, as [offset, length, identifier, is_embed]
+    # (is_embed None or a list of bools); same identifier, same image.
+    mm_items: list | None = None
 
 
 # Left out of a saved workload when empty, so earlier snapshots keep their bytes.
 _SPEC_FIELDS = ("draft_lens", "accepted")
-_OPTIONAL_FIELDS = ("grammar_ready_step", "lora_id")
+_OPTIONAL_FIELDS = ("grammar_ready_step", "lora_id", "mm_items")
 
 # The constraint a structured request of a workload carries (the driver
 # stands in for its compiled grammar: AcceptingGrammar).
@@ -232,6 +236,7 @@ def make_request(backend, spec: RequestSpec, arrival_time: float, block_size: in
         ignore_eos=spec.ignore_eos,
         structured_outputs=None if spec.grammar_ready_step is None else WORKLOAD_CONSTRAINT,
         **({} if spec.lora_id is None else {"lora_ids": [spec.lora_id]}),
+        **({} if spec.mm_items is None else {"mm_items": [spec.mm_items]}),
     )
     return request
 
@@ -307,6 +312,8 @@ def run_workload(backend, workload: Workload, scheduler=None) -> dict:
         stats = _spec_stats(result)
         if stats is not None:
             record["spec_stats"] = stats
+        if workload.config.get("mm_max_tokens_per_item") is not None:
+            record["encoder_cache"] = encoder_cache_state(sched.encoder_cache_manager)
         if workload.config.get("kv_groups") is not None:
             record["prefix_cache"] = _prefix_cache_stats(result)
             record["tables"] = _group_tables(sched)
@@ -377,6 +384,18 @@ def _spec_stats(result) -> list | None:
     return None
 
 
+def encoder_cache_state(manager) -> list:
+    """An EncoderCacheManager's bookkeeping: [free slots, freeable slots,
+    [[identifier, sorted ids of the requests referencing it], ...] sorted,
+    the unreferenced identifiers oldest first]."""
+    return [
+        manager.num_free_slots,
+        manager.num_freeable_slots,
+        sorted([h, sorted(ids)] for h, ids in manager.cached.items()),
+        list(manager.freeable),
+    ]
+
+
 def _group_tables(sched) -> list:
     """Every request holding blocks, with its block table in each KV-cache
     group: [[id, [group 0's block ids, group 1's, ...]], ...] (the
@@ -438,6 +457,12 @@ def describe_scheduler_output(out) -> dict:
     ]
     if loras:
         record["new_loras"] = loras
+    encoder_inputs = getattr(out, "scheduled_encoder_inputs", None)
+    if encoder_inputs:
+        record["encoder_inputs"] = [[r, list(ids)] for r, ids in encoder_inputs.items()]
+    freed = getattr(out, "free_encoder_mm_hashes", None)
+    if freed:
+        record["freed_mm_hashes"] = list(freed)
     spec_tokens = getattr(out, "scheduled_spec_decode_tokens", None)
     if spec_tokens:
         record["spec_tokens"] = [[r, list(t)] for r, t in spec_tokens.items()]
@@ -456,12 +481,16 @@ FIELD_WORDS = {
     "common_prefix_blocks": "number of common prefix blocks",
     "new_loras": "the adapters new requests carry to the runner (id, LoRA name)",
     "spec_tokens": "drafts scheduled for verification (id, draft tokens)",
+    "encoder_inputs": "images sent to the encoder (id, indices of its mm_features)",
+    "freed_mm_hashes": "encoder outputs evicted from the encoder cache (identifiers)",
     "outputs": "update_from_output results (id, new tokens, finish reason, stop reason)",
     "free_blocks": "free KV blocks after the step",
     "tables": "block tables per KV-cache group (id, each group's block ids; 0 where a window "
     "slid past)",
     "prefix_cache": "prefix-cache stats of the step (requests, queries, hits, and the same for "
     "preempted requests)",
+    "encoder_cache": "encoder cache after the step (free slots, freeable slots, [identifier, "
+    "requests referencing it], unreferenced identifiers oldest first)",
     "spec_stats": "spec-decode stats (drafts, draft tokens, accepted, accepted per position)",
     "structured": "structured outputs (a structured request samples this step; the requests "
     "skipped while their grammar compiles, in queue order)",

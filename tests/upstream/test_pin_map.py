@@ -99,6 +99,7 @@ CORE_MODULES = (
     "structured_output/request.py",
     "structured_output/utils.py",
     "multimodal/inputs.py",
+    "core/encoder_cache_manager.py",
 )
 
 # The map's row format (ROW_RE, Row) and the ast walk are shared with the

@@ -2,7 +2,7 @@
 
 Mirrors upstream ``vllm/v1/core/sched/output.py`` at v0.22.1
 (``NewRequestData`` :31, ``CachedRequestData`` :112, ``SchedulerOutput``
-:181, ``GrammarOutput`` :259). Left out: multimodal, pooling and
+:181, ``GrammarOutput`` :259). Left out: pooling and
 the encoder-cache connector's fields, and the grammar fields of async scheduling
 (``pending_structured_output_tokens``, ``num_invalid_spec_tokens``).
 
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from mini_vllm.lora.request import LoRARequest
+from mini_vllm.multimodal.inputs import MultiModalFeatureSpec
 from mini_vllm.request import Request
 from mini_vllm.sampling_params import SamplingParams
 
@@ -35,6 +36,9 @@ class NewRequestData:
     num_computed_tokens: int
     # The adapter the runner applies to this request's rows (None: base model).
     lora_request: LoRARequest | None = None
+    # Its multimodal items (upstream's field sits after prompt_token_ids; here
+    # it has a default, at the end, so text-only callers still work).
+    mm_features: list[MultiModalFeatureSpec] = field(default_factory=list)
 
     @classmethod
     def from_request(cls, request: Request, block_ids: tuple[list[int], ...]) -> NewRequestData:
@@ -45,6 +49,7 @@ class NewRequestData:
             block_ids=block_ids,
             num_computed_tokens=request.num_computed_tokens,
             lora_request=request.lora_request,
+            mm_features=request.mm_features,
         )
 
 
@@ -94,6 +99,11 @@ class SchedulerOutput:
     # The KV connector's plan for this step (build_connector_meta), for the
     # workers' half of the connector; None without a connector.
     kv_connector_metadata: Any = None
+    # req_id -> indices of its mm_features the encoder runs this step (e.g.
+    # [0, 1]: its first two images); their outputs enter the encoder cache.
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    # Identifiers of encoder outputs evicted this step: the runner drops them.
+    free_encoder_mm_hashes: list[str] = field(default_factory=list)
 
     @classmethod
     def make_empty(cls) -> SchedulerOutput:

@@ -15,7 +15,11 @@ the waiting loop (:585-780), the connector's metadata (:909), ``_connector_finis
 (:2038), ``_update_waiting_for_remote_kv`` (:2069),
 ``_update_from_kv_xfer_finished`` (:2136) and the handling of blocks that
 failed to load (``_update_requests_with_invalid_blocks`` :2165,
-``_handle_invalid_blocks`` :2268).
+``_handle_invalid_blocks`` :2268). With images (Phase 13): the encoder
+budgets (:184-208), ``_try_schedule_encoder_inputs`` (:1096) for running
+and waiting requests, ``scheduled_encoder_inputs`` and
+``free_encoder_mm_hashes`` in the output (:893, :901), and
+``_free_encoder_inputs`` (:1667) once a step has run.
 What is left out, and every deliberate difference: UPSTREAM_PIN.md.
 
 Invariants kept:
@@ -32,6 +36,9 @@ Invariants kept:
   and is passed over, without holding up the requests behind it, until
   the compile is done; then it is admitted like any other; so does one
   waiting for its KV to arrive (WAITING_FOR_REMOTE_KVS);
+- a prefill chunk never ends inside an image it could not encode: it
+  stops before the image's placeholders, and a step's encoded embeddings
+  never exceed ``max_num_encoder_input_tokens``;
 - a finished request whose KV the connector is still saving keeps its
   blocks (and its place in ``self.requests``) until the workers report the
   save done in ``finished_sending``.
@@ -43,6 +50,7 @@ import logging
 from collections.abc import Iterable
 
 from mini_vllm.config import VllmConfig
+from mini_vllm.core.encoder_cache_manager import EncoderCacheManager, compute_mm_encoder_budget
 from mini_vllm.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from mini_vllm.core.sched.interface import SchedulerInterface
 from mini_vllm.core.sched.output import (
@@ -171,6 +179,14 @@ class Scheduler(SchedulerInterface):
         # (scheduler.py:1480); kept beside here so Lab 03.5's code is unchanged.
         self.finished_kv_transfer_params: dict[str, dict] = {}
 
+        # The encoder budgets of a multimodal model, in embeddings: per step,
+        # and what the runner's encoder cache holds (scheduler.py:184-208).
+        # A text model has neither (both 0).
+        self.max_num_encoder_input_tokens, encoder_cache_size = compute_mm_encoder_budget(
+            self.scheduler_config, vllm_config.model_config.mm_max_tokens_per_item or {}
+        )
+        self.encoder_cache_manager = EncoderCacheManager(cache_size=encoder_cache_size)
+
     # ------------------------------------------------------------------ schedule
 
     # BEGIN LAB 03.1: cap a running request's new tokens (threshold, budget, model length)
@@ -207,6 +223,10 @@ class Scheduler(SchedulerInterface):
         token_budget = self.max_num_scheduled_tokens
         # req_id -> the drafts scheduled for verification this step.
         scheduled_spec_decode_tokens: dict[str, list[int]] = {}
+        # req_id -> the indices of its mm_features to encode this step, and the
+        # encoder embeddings this step may still compute.
+        scheduled_encoder_inputs: dict[str, list[int]] = {}
+        encoder_compute_budget = self.max_num_encoder_input_tokens
 
         # Phase 1: the RUNNING requests, in order.
         # (mirrors vllm/v1/core/sched/scheduler.py:366-499)
@@ -240,8 +260,20 @@ class Scheduler(SchedulerInterface):
                 token_budget,
             )
             # END LAB 08.1
+            # Its images whose placeholders this chunk reaches: encode them if
+            # the encoder budget and cache allow, else stop the chunk before
+            # the first that does not fit (mirrors vllm/v1/core/sched/scheduler.py:400-416).
+            encoder_inputs_to_schedule: list[int] = []
+            new_encoder_compute_budget = encoder_compute_budget
+            if request.has_encoder_inputs:
+                encoder_inputs_to_schedule, num_new_tokens, new_encoder_compute_budget = (
+                    self._try_schedule_encoder_inputs(
+                        request, request.num_computed_tokens, num_new_tokens, encoder_compute_budget
+                    )
+                )
             if num_new_tokens == 0:
-                # Nothing to do for it now (it sits at max_model_len - 1).
+                # Nothing to do for it now (it sits at max_model_len - 1, or its
+                # next image does not fit the encoder budget or cache).
                 # `continue`, not `break`: later requests may still run.
                 req_index += 1
                 continue
@@ -250,10 +282,12 @@ class Scheduler(SchedulerInterface):
             # (mirrors vllm/v1/core/sched/scheduler.py:443-490)
             # BEGIN LAB 03.3: allocate_slots -> None -> preempt a victim -> retry
             # HINT: receives request, num_new_tokens and this step's records; leaves new_blocks
-            # HINT: (None: give up), token_budget and req_index right for the code after it.
+            # HINT: (None: give up), token_budget, encoder_compute_budget and req_index right
+            # HINT: for the code after it.
             # HINT: loop: ask allocate_slots for num_new_tokens; stop when it returns blocks.
             # HINT: FCFS victim: the tail of self.running. PRIORITY victim: the largest
-            # HINT: (priority, arrival_time); if it was already scheduled this step, undo that.
+            # HINT: (priority, arrival_time); if it was already scheduled this step, undo that
+            # HINT: (its tokens, blocks, drafts, and the encoder budget its images took).
             # HINT: if the victim is `request` itself, give up on it (new_blocks stays None).
             while True:
                 new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
@@ -269,6 +303,13 @@ class Scheduler(SchedulerInterface):
                         token_budget += num_scheduled_tokens.pop(preempted_req.request_id)
                         req_to_new_blocks.pop(preempted_req.request_id)
                         scheduled_spec_decode_tokens.pop(preempted_req.request_id, None)
+                        # And the encoder budget its images took.
+                        encoder_compute_budget += sum(
+                            map(
+                                preempted_req.get_num_encoder_embeds,
+                                scheduled_encoder_inputs.pop(preempted_req.request_id, ()),
+                            )
+                        )
                         req_index -= 1
                 else:
                     # FCFS: the most recently admitted request.
@@ -316,6 +357,14 @@ class Scheduler(SchedulerInterface):
                 # Fresh drafts arrive through update_draft_token_ids after the step.
                 request.spec_token_ids = []
             # END LAB 08.1
+
+            # Its images run in the encoder this step: reserve their cache
+            # entries (mirrors vllm/v1/core/sched/scheduler.py:520-527).
+            if encoder_inputs_to_schedule:
+                scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
+                for i in encoder_inputs_to_schedule:
+                    self.encoder_cache_manager.allocate(request, i)
+                encoder_compute_budget = new_encoder_compute_budget
 
         # Phase 2: admit WAITING requests in queue order while three gates
         # stay open. (Upstream checks the same three, in two `if`s and a
@@ -433,6 +482,8 @@ class Scheduler(SchedulerInterface):
                 num_new_local_computed_tokens = 0
                 num_computed_tokens = request.num_computed_tokens
 
+            encoder_inputs_to_schedule = []
+            new_encoder_compute_budget = encoder_compute_budget
             if load_kv_async:
                 # Its KV loads between steps: blocks now, no work this step.
                 num_new_tokens = 0
@@ -457,6 +508,16 @@ class Scheduler(SchedulerInterface):
                     break  # whole prompt or nothing, and it does not fit
                 num_new_tokens = min(num_new_tokens, token_budget)
                 # END LAB 03.2
+                # Its images, as for a running request; one that does not fit
+                # stops admissions (mirrors vllm/v1/core/sched/scheduler.py:671-686).
+                if request.has_encoder_inputs:
+                    encoder_inputs_to_schedule, num_new_tokens, new_encoder_compute_budget = (
+                        self._try_schedule_encoder_inputs(
+                            request, num_computed_tokens, num_new_tokens, encoder_compute_budget
+                        )
+                    )
+                    if num_new_tokens == 0:
+                        break
 
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request,
@@ -468,7 +529,11 @@ class Scheduler(SchedulerInterface):
                 full_sequence_must_fit=self.scheduler_config.scheduler_reserve_full_isl,
             )
             if new_blocks is None:
-                break  # no memory: stop admitting (strict queue order)
+                # No memory: stop admitting (strict queue order), and drop the
+                # references its cache hits took (scheduler.py:732-740).
+                if request.has_encoder_inputs:
+                    self.encoder_cache_manager.free(request)
+                break
 
             # The connector learns the request's blocks, and how many of them
             # it fills (mirrors vllm/v1/core/sched/scheduler.py:742-760).
@@ -527,6 +592,11 @@ class Scheduler(SchedulerInterface):
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed_tokens
             # END LAB 03.1
+            if encoder_inputs_to_schedule:
+                scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
+                for i in encoder_inputs_to_schedule:
+                    self.encoder_cache_manager.allocate(request, i)
+                encoder_compute_budget = new_encoder_compute_budget
 
         # Skipped this step: back ahead of the older skipped ones (scheduler.py:822).
         # BEGIN LAB 12.1: the requests passed over this step go back to skipped_waiting
@@ -566,6 +636,9 @@ class Scheduler(SchedulerInterface):
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={req.request_id for req in preempted_reqs},
             scheduled_spec_decode_tokens=scheduled_spec_decode_tokens,
+            scheduled_encoder_inputs=scheduled_encoder_inputs,
+            # Evicted this step: the runner drops these outputs (scheduler.py:901).
+            free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
         )
         # The connector packs this step's loads and saves for the workers and
         # resets its per-step state (scheduler.py:905-911).
@@ -660,6 +733,86 @@ class Scheduler(SchedulerInterface):
 
     # BEGIN LAB 12.2: which requests get bitmask rows this step, and in what order
     # mirrors vllm/v1/core/sched/scheduler.py:1259-1281
+    # ------------------------------------------------------------ encoder inputs
+
+    # mirrors vllm/v1/core/sched/scheduler.py:1096-1257
+    def _try_schedule_encoder_inputs(
+        self,
+        request: Request,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        encoder_compute_budget: int,
+    ) -> tuple[list[int], int, int]:
+        """Which of the request's items to encode for the chunk
+        ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``.
+
+        An item is encoded when the chunk reaches its placeholders, its output
+        is neither in the KV cache already (placeholders all computed) nor in
+        the encoder cache (a hit takes a reference instead), and the encoder
+        budget and cache have room; the first item that has no room ends the
+        chunk just before its placeholders (an encoder runs a whole item: its
+        attention is bidirectional), or schedules nothing if the chunk already
+        starts inside them (a prefix-cache hit can do that).
+        Returns (item indices, num_new_tokens, encoder budget left).
+        """
+        if num_new_tokens == 0 or not request.has_encoder_inputs:
+            return [], num_new_tokens, encoder_compute_budget
+        encoder_inputs_to_schedule: list[int] = []
+        # Items already encoded this step (an image twice in one prompt runs once).
+        mm_hashes_to_schedule: set[str] = set()
+        num_embeds_to_schedule = 0
+        for i, mm_feature in enumerate(request.mm_features):
+            start_pos = mm_feature.mm_position.offset
+            num_encoder_tokens = mm_feature.mm_position.length
+            num_encoder_embeds = mm_feature.mm_position.get_num_embeds()
+            if start_pos >= num_computed_tokens + num_new_tokens:
+                break  # items are in prompt order: no later one is reached either
+            if start_pos + num_encoder_tokens <= num_computed_tokens:
+                continue  # its placeholders are in the KV cache already
+            if mm_feature.identifier in mm_hashes_to_schedule:
+                continue
+            if self.encoder_cache_manager.check_and_update_cache(request, i):
+                continue  # encoded by an earlier step (this request's or another's)
+            if (
+                self.scheduler_config.disable_chunked_mm_input
+                and num_computed_tokens < start_pos
+                and num_computed_tokens + num_new_tokens < start_pos + num_encoder_tokens
+            ):
+                # The chunk would cut the item's placeholders: stop before them.
+                num_new_tokens = start_pos - num_computed_tokens
+                break
+            if not self.encoder_cache_manager.can_allocate(
+                request, i, encoder_compute_budget, num_embeds_to_schedule
+            ):
+                if num_computed_tokens < start_pos:
+                    num_new_tokens = start_pos - num_computed_tokens
+                else:
+                    num_new_tokens = 0
+                break
+            # Placeholder positions of the chunk that take no embedding (is_embed
+            # False) need no encoder output.
+            start_idx_rel = max(0, num_computed_tokens - start_pos)
+            end_idx_rel = min(num_encoder_tokens, num_computed_tokens + num_new_tokens - start_pos)
+            embeds_start, embeds_end = mm_feature.mm_position.get_embeds_indices_in_range(
+                start_idx_rel, end_idx_rel
+            )
+            if embeds_end - embeds_start == 0:
+                continue
+            num_embeds_to_schedule += num_encoder_embeds
+            encoder_compute_budget -= num_encoder_embeds
+            mm_hashes_to_schedule.add(mm_feature.identifier)
+            encoder_inputs_to_schedule.append(i)
+        return encoder_inputs_to_schedule, num_new_tokens, encoder_compute_budget
+
+    # mirrors vllm/v1/core/sched/scheduler.py:1667-1689
+    def _free_encoder_inputs(self, request: Request) -> None:
+        """Drop the request's references to items whose placeholders are all
+        computed: their embeddings now live in the KV cache."""
+        for input_id in list(self.encoder_cache_manager.get_cached_input_ids(request)):
+            position = request.mm_features[input_id].mm_position
+            if position.offset + position.length <= request.num_computed_tokens:
+                self.encoder_cache_manager.free_encoder_input(request, input_id)
+
     def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
         """The bitmask of the structured requests that sample this step, rows
         in scheduled order (None when there are none)."""
@@ -741,10 +894,12 @@ class Scheduler(SchedulerInterface):
         has no swapping). Prefix caching often makes that recompute cheap:
         its freed blocks stay cached until reused.
         """
-        # HINT: free its KV blocks; PREEMPTED; nothing computed any more; count the
+        # HINT: free its KV blocks (and its encoder-cache references); PREEMPTED;
+        # HINT: nothing computed any more; count the
         # HINT: preemption; and put it at the FRONT of the waiting queue.
         assert request.status == RequestStatus.RUNNING, "Only running requests can be preempted"
         self.kv_cache_manager.free(request)
+        self.encoder_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []  # drafts for KV it no longer has
@@ -826,6 +981,10 @@ class Scheduler(SchedulerInterface):
                     spec_decoding_stats, num_draft_tokens, num_accepted
                 )
             # END LAB 08.1
+
+            # Images now wholly in the KV cache are done with (the step ran).
+            if request.has_encoder_inputs:
+                self._free_encoder_inputs(request)
 
             stopped = False
             if new_token_ids:
@@ -984,10 +1143,29 @@ class Scheduler(SchedulerInterface):
             RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
         ):
             raise ValueError(f"Request {request.request_id!r} is {request.status}, not WAITING.")
+        self._check_encoder_inputs_fit(request)
         self._enqueue_waiting_request(request)
         self.requests[request.request_id] = request
         if self.connector is not None:
             self.connector.on_new_request(request)
+
+    def _check_encoder_inputs_fit(self, request: Request) -> None:
+        """A ValueError for an item the encoder could never take: more
+        embeddings than the encoder cache holds (upstream's input processor
+        refuses it: vllm/v1/engine/input_processor.py:451), or than one step
+        may encode (upstream's budget is never below the largest item its
+        processor can make; a bigger one would wait forever)."""
+        limit = min(self.encoder_cache_manager.cache_size, self.max_num_encoder_input_tokens)
+        for i, feature in enumerate(request.mm_features):
+            num_embeds = feature.mm_position.get_num_embeds()
+            if num_embeds > limit:
+                raise ValueError(
+                    f"Request {request.request_id!r}: its {feature.modality} item {i} has "
+                    f"{num_embeds} encoder embeddings, more than the encoder can ever take "
+                    f"(encoder_cache_size {self.encoder_cache_manager.cache_size}, "
+                    f"max_num_encoder_input_tokens {self.max_num_encoder_input_tokens}); "
+                    "send a smaller image or raise both."
+                )
 
     # mirrors vllm/v1/core/sched/scheduler.py:1779-1840
     def finish_requests(
@@ -1042,6 +1220,7 @@ class Scheduler(SchedulerInterface):
         frees them when the workers report it done)."""
         assert request.is_finished()
         connector_delay_free_blocks = self._connector_finished(request)
+        self.encoder_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         if not (delay_free_blocks or connector_delay_free_blocks):
             self._free_blocks(request)

@@ -94,8 +94,8 @@ what a test checks):
 - ``Request`` and ``CachedRequestState`` take a ``lora_request`` (mini's
   ``LoRARequest``, Phase 11); ``generate_block_hash_extra_keys`` takes
   upstream's block range and first multimodal index and hands the index
-  back, while mini's takes only the request (its one key, the adapter's
-  name, is the same for every block);
+  back (mini's has taken them itself since Phase 13; before, it took only
+  the request, its one key being the adapter's name);
 - names mini_vllm spells otherwise: ``apply_top_k_top_p_pytorch`` is mini's
   ``apply_top_k_top_p``, ``_find_longest_matched_ngram_and_propose_tokens``
   is ``NgramProposer(...).propose_one``; upstream's ``ConstantList`` (a
