@@ -49,7 +49,8 @@ class LRUCacheLoRAModelManager(_reference.LRUCacheLoRAModelManager):
         # HINT: active: touch it, return False. Otherwise, when all lora_slots are taken,
         # HINT: deactivate the oldest; take the first free slot (None in lora_index_to_id),
         # HINT: record the id there and at the end of _active_adapters, and set_lora that slot
-        # HINT: on every module with _get_lora_layer_weights(lora, name). Return True.
+        # HINT: on every module with _get_lora_layer_weights(lora, name). Reading the adapter
+        # HINT: from _registered_adapters is a use: it moves to that cache's end too. True.
         raise NotImplementedError(
             "Lab 11.3: put a loaded adapter in a slot, least recently used out "
             "(labs/phase_11/model_manager.py)"

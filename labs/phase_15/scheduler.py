@@ -51,6 +51,10 @@ class Scheduler(_reference.Scheduler):
         token_budget = self.max_num_scheduled_tokens
         # req_id -> the drafts scheduled for verification this step.
         scheduled_spec_decode_tokens: dict[str, list[int]] = {}
+        # req_id -> the indices of its mm_features to encode this step, and the
+        # encoder embeddings this step may still compute.
+        scheduled_encoder_inputs: dict[str, list[int]] = {}
+        encoder_compute_budget = self.max_num_encoder_input_tokens
 
         # Phase 1: the RUNNING requests, in order.
         # (mirrors vllm/v1/core/sched/scheduler.py:366-499)
@@ -77,8 +81,20 @@ class Scheduler(_reference.Scheduler):
                 - request.num_computed_tokens,
                 token_budget,
             )
+            # Its images whose placeholders this chunk reaches: encode them if
+            # the encoder budget and cache allow, else stop the chunk before
+            # the first that does not fit (mirrors vllm/v1/core/sched/scheduler.py:400-416).
+            encoder_inputs_to_schedule: list[int] = []
+            new_encoder_compute_budget = encoder_compute_budget
+            if request.has_encoder_inputs:
+                encoder_inputs_to_schedule, num_new_tokens, new_encoder_compute_budget = (
+                    self._try_schedule_encoder_inputs(
+                        request, request.num_computed_tokens, num_new_tokens, encoder_compute_budget
+                    )
+                )
             if num_new_tokens == 0:
-                # Nothing to do for it now (it sits at max_model_len - 1).
+                # Nothing to do for it now (it sits at max_model_len - 1, or its
+                # next image does not fit the encoder budget or cache).
                 # `continue`, not `break`: later requests may still run.
                 req_index += 1
                 continue
@@ -99,6 +115,13 @@ class Scheduler(_reference.Scheduler):
                         token_budget += num_scheduled_tokens.pop(preempted_req.request_id)
                         req_to_new_blocks.pop(preempted_req.request_id)
                         scheduled_spec_decode_tokens.pop(preempted_req.request_id, None)
+                        # And the encoder budget its images took.
+                        encoder_compute_budget += sum(
+                            map(
+                                preempted_req.get_num_encoder_embeds,
+                                scheduled_encoder_inputs.pop(preempted_req.request_id, ()),
+                            )
+                        )
                         req_index -= 1
                 else:
                     # FCFS: the most recently admitted request.
@@ -132,6 +155,14 @@ class Scheduler(_reference.Scheduler):
                     ]
                 # Fresh drafts arrive through update_draft_token_ids after the step.
                 request.spec_token_ids = []
+
+            # Its images run in the encoder this step: reserve their cache
+            # entries (mirrors vllm/v1/core/sched/scheduler.py:520-527).
+            if encoder_inputs_to_schedule:
+                scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
+                for i in encoder_inputs_to_schedule:
+                    self.encoder_cache_manager.allocate(request, i)
+                encoder_compute_budget = new_encoder_compute_budget
 
         # Phase 2: admit WAITING requests in queue order while three gates
         # stay open. (Upstream checks the same three, in two `if`s and a
@@ -206,6 +237,8 @@ class Scheduler(_reference.Scheduler):
                 num_new_local_computed_tokens = 0
                 num_computed_tokens = request.num_computed_tokens
 
+            encoder_inputs_to_schedule = []
+            new_encoder_compute_budget = encoder_compute_budget
             if load_kv_async:
                 # Its KV loads between steps: blocks now, no work this step.
                 num_new_tokens = 0
@@ -223,6 +256,16 @@ class Scheduler(_reference.Scheduler):
                 ):
                     break  # whole prompt or nothing, and it does not fit
                 num_new_tokens = min(num_new_tokens, token_budget)
+                # Its images, as for a running request; one that does not fit
+                # stops admissions (mirrors vllm/v1/core/sched/scheduler.py:671-686).
+                if request.has_encoder_inputs:
+                    encoder_inputs_to_schedule, num_new_tokens, new_encoder_compute_budget = (
+                        self._try_schedule_encoder_inputs(
+                            request, num_computed_tokens, num_new_tokens, encoder_compute_budget
+                        )
+                    )
+                    if num_new_tokens == 0:
+                        break
 
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request,
@@ -234,7 +277,11 @@ class Scheduler(_reference.Scheduler):
                 full_sequence_must_fit=self.scheduler_config.scheduler_reserve_full_isl,
             )
             if new_blocks is None:
-                break  # no memory: stop admitting (strict queue order)
+                # No memory: stop admitting (strict queue order), and drop the
+                # references its cache hits took (scheduler.py:732-740).
+                if request.has_encoder_inputs:
+                    self.encoder_cache_manager.free(request)
+                break
 
             # The connector learns the request's blocks, and how many of them
             # it fills (mirrors vllm/v1/core/sched/scheduler.py:742-760).
@@ -274,6 +321,11 @@ class Scheduler(_reference.Scheduler):
             token_budget -= num_new_tokens
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed_tokens
+            if encoder_inputs_to_schedule:
+                scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
+                for i in encoder_inputs_to_schedule:
+                    self.encoder_cache_manager.allocate(request, i)
+                encoder_compute_budget = new_encoder_compute_budget
 
         # Skipped this step: back ahead of the older skipped ones (scheduler.py:822).
         if step_skipped_waiting:
@@ -309,6 +361,9 @@ class Scheduler(_reference.Scheduler):
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={req.request_id for req in preempted_reqs},
             scheduled_spec_decode_tokens=scheduled_spec_decode_tokens,
+            scheduled_encoder_inputs=scheduled_encoder_inputs,
+            # Evicted this step: the runner drops these outputs (scheduler.py:901).
+            free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
         )
         # The connector packs this step's loads and saves for the workers and
         # resets its per-step state (scheduler.py:905-911).
