@@ -146,6 +146,9 @@ class ModelConfig:
     # Upstream forces "gguf" for a GGUF model; mini_vllm's None dequantizes it at load.
     quantization: str | None = None
     seed: int = 0
+    # Accept prompts given as embeddings, {"prompt_embeds": [T, hidden]}
+    # (upstream's enable_prompt_embeds, vllm/config/model.py:266).
+    enable_prompt_embeds: bool = False
     # Most logprobs a request may ask for (upstream's default, 20; -1: no cap).
     max_logprobs: int = 20
     # Custom logits processor classes, run after the built-ins (upstream's
@@ -209,7 +212,7 @@ class ModelConfig:
         as upstream's ``_get_and_verify_max_len`` (config/model.py:2119) does.
         Upstream lets VLLM_ALLOW_LONG_MAX_MODEL_LEN override it; mini_vllm has
         no override, since its rotary cache stops at that length."""
-        derived = getattr(hf_config, "max_position_embeddings", None)
+        derived = getattr(hf_config.get_text_config(), "max_position_embeddings", None)
         if derived is not None and self.max_model_len > derived:
             raise ValueError(
                 f"User-specified max_model_len ({self.max_model_len}) is greater than the "

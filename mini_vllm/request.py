@@ -25,6 +25,8 @@ from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
+    import torch
+
     from mini_vllm.core.kv_cache_utils import BlockHash
     from mini_vllm.lora.request import LoRARequest
     from mini_vllm.multimodal.inputs import MultiModalFeatureSpec
@@ -41,6 +43,7 @@ class Request:
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
         lora_request: LoRARequest | None = None,
         mm_features: list[MultiModalFeatureSpec] | None = None,
+        prompt_embeds: torch.Tensor | None = None,
     ) -> None:
         if sampling_params is None:
             raise ValueError("sampling_params must be set")
@@ -72,6 +75,11 @@ class Request:
         self.max_tokens = sampling_params.max_tokens
 
         self.prompt_token_ids = list(prompt_token_ids)
+        # A prompt given as embeddings [num_prompt_tokens, hidden] (upstream's
+        # prompt_embeds, vllm/v1/request.py:122); its token ids are then zeros.
+        self.prompt_embeds = prompt_embeds
+        # Its blocks' embedding hashes, computed once (block range -> sha256).
+        self._prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self._output_token_ids: list[int] = []
         self._all_token_ids: list[int] = self.prompt_token_ids.copy()

@@ -34,6 +34,7 @@ from mini_vllm.core.kv_cache_utils import (  # noqa: F401
     BlockHashWithGroupId,
     KVCacheBlock,
     _gen_mm_extra_hash_keys,
+    _gen_prompt_embeds_extra_hash_keys,
     _get_kv_cache_groups_uniform_page_size,
     create_kv_cache_group_specs,
     generate_block_hash_extra_keys,

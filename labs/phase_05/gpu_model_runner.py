@@ -39,6 +39,9 @@ class GPUModelRunner(_reference.GPUModelRunner):
         """Apply the step's deltas to ``requests`` and to ``input_batch``."""
         batch = self.input_batch
         cached = scheduler_output.scheduled_cached_reqs
+        # Encoder outputs the scheduler no longer needs (gpu_model_runner.py:1148).
+        for mm_hash in scheduler_output.free_encoder_mm_hashes:
+            self.encoder_cache.pop(mm_hash, None)
         # BEGIN LAB 05.3: who leaves the batch: finished requests, and those not scheduled now
         # HINT: receives the step's scheduler_output; leaves in the batch only the requests
         # HINT: scheduled this step that were there before: every other req_id's row is a hole
@@ -94,9 +97,11 @@ class GPUModelRunner(_reference.GPUModelRunner):
                 if row is not None:
                     batch.num_tokens_no_spec[row] = batch.num_prompt_tokens[row] + num_output_tokens
 
-        # The adapter a new request runs with (LoRA, Phase 11).
+        # The adapter a new request runs with (LoRA, Phase 11), and its images (Phase 13).
         for new_req in scheduler_output.scheduled_new_reqs:
             self.requests[new_req.req_id].lora_request = new_req.lora_request
+            self.requests[new_req.req_id].mm_features = list(new_req.mm_features)
+            self.requests[new_req.req_id].prompt_embeds = new_req.prompt_embeds
         # New and returning requests fill the lowest holes first.
         for state in reqs_to_add:
             batch.add_request(state)

@@ -28,6 +28,7 @@ from mini_vllm.core.kv_cache_utils import (  # noqa: F401
     FreeKVCacheBlockQueue,
     KVCacheBlock,
     _gen_mm_extra_hash_keys,
+    _gen_prompt_embeds_extra_hash_keys,
     create_kv_cache_group_specs,
     generate_block_hash_extra_keys,
     get_kv_cache_config_from_groups,

@@ -5,7 +5,8 @@ Mirrors upstream ``vllm/v1/core/kv_cache_utils.py`` at v0.22.1:
 ``make_block_hash_with_group_id`` (:55), ``KVCacheBlock`` (:116),
 ``FreeKVCacheBlockQueue`` (:164), ``hash_block_tokens`` (:541),
 ``get_request_block_hasher`` (:637), ``generate_block_hash_extra_keys``
-(:503, LoRA's and multimodal keys: ``_gen_mm_extra_hash_keys`` :395),
+(:503, LoRA's, multimodal and prompt-embedding keys:
+``_gen_mm_extra_hash_keys`` :395, ``_gen_prompt_embeds_extra_hash_keys`` :477),
 ``init_none_hash`` (:97); the grouping:
 ``create_kv_cache_group_specs`` (:822), ``is_kv_cache_spec_uniform`` (:852),
 ``_get_kv_cache_groups_uniform_page_size`` (:1057),
@@ -26,9 +27,12 @@ Invariants kept:
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NewType
+
+import torch
 
 from mini_vllm.kv_cache_interface import (
     AttentionSpec,
@@ -327,6 +331,25 @@ def _gen_mm_extra_hash_keys(
     return extra_keys, mm_idx
 
 
+# mirrors vllm/v1/core/kv_cache_utils.py:477-500
+def _gen_prompt_embeds_extra_hash_keys(
+    request: Request, start_token_idx: int, end_token_idx: int
+) -> list[bytes]:
+    """For a prompt given as embeddings, the sha256 of the block's rows (its
+    token ids are placeholder zeros, the same for every such prompt); [] else.
+    Each block range is hashed once per request."""
+    prompt_embeds = getattr(request, "prompt_embeds", None)
+    if prompt_embeds is None:
+        return []
+    block_range = (start_token_idx, end_token_idx)
+    embeds_hash = request._prompt_embeds_per_block_hashes.get(block_range)
+    if embeds_hash is None:
+        rows = prompt_embeds[start_token_idx:end_token_idx].flatten().contiguous()
+        embeds_hash = hashlib.sha256(rows.view(torch.uint8).numpy().data).digest()
+        request._prompt_embeds_per_block_hashes[block_range] = embeds_hash
+    return [embeds_hash]
+
+
 # mirrors vllm/v1/core/kv_cache_utils.py:503-538 (and _gen_lora_extra_hash_keys, :462)
 def generate_block_hash_extra_keys(
     request: Request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
@@ -334,15 +357,16 @@ def generate_block_hash_extra_keys(
     """What the block ``[start_token_idx, end_token_idx)``'s hash carries
     besides its tokens, and the next multimodal index: the adapter's name for
     a LoRA request (so two adapters never share cached KV), then the
-    multimodal items it overlaps (``_gen_mm_extra_hash_keys``); None if
-    neither. Upstream also adds a cache salt and prompt-embedding hashes,
-    which mini_vllm does not have."""
+    multimodal items it overlaps (``_gen_mm_extra_hash_keys``), then, for a
+    prompt given as embeddings, the hash of the block's rows; None if none.
+    Upstream also adds a cache salt, which mini_vllm does not have."""
     mm_keys, next_mm_idx = _gen_mm_extra_hash_keys(
         request, start_token_idx, end_token_idx, start_mm_idx
     )
     lora_request = getattr(request, "lora_request", None)
     lora_keys = [] if lora_request is None else [lora_request.lora_name]
-    extra_keys = lora_keys + mm_keys
+    embeds_keys = _gen_prompt_embeds_extra_hash_keys(request, start_token_idx, end_token_idx)
+    extra_keys = lora_keys + mm_keys + embeds_keys  # upstream's order (no cache salt)
     return (tuple(extra_keys) if extra_keys else None), next_mm_idx
 
 

@@ -3,8 +3,23 @@
 Mirrors upstream ``vllm/v1/engine/input_processor.py`` (``InputProcessor``
 :36, ``process_inputs`` :234; parameter checks in ``_validate_params`` :81,
 prompt checks in ``_validate_prompt_len`` :379 and ``_validate_model_input``
-:426, ``_validate_lora`` :138) at v0.22.1. Left out: multimodal inputs,
-pooling, prompt embeddings, a LoRA adapter's own tokenizer.
+:426, ``_validate_lora`` :138) at v0.22.1. Left out: pooling, prompt
+embeddings mixed with token ids (``prompt_is_token_ids``), a LoRA adapter's
+own tokenizer, multimodal inputs other than images (``multi_modal_uuids``,
+the processor cache).
+
+A prompt given as embeddings (``{"prompt_embeds": tensor [T, hidden]}``, with
+``enable_prompt_embeds``) becomes a request of T placeholder token ids (zeros,
+as upstream) that carries the tensor; the runner feeds those rows to the
+model instead of looking the ids up.
+
+A prompt dict with ``multi_modal_data`` (``{"prompt": "USER: <image>...",
+"multi_modal_data": {"image": pil_image}}``) goes through the model's
+multimodal processor (mini_vllm/multimodal/processing.py): its image tokens
+are expanded and the request carries one ``MultiModalFeatureSpec`` per
+image. A model without one refuses such a prompt, and an image whose
+embeddings exceed the encoder cache can never be scheduled, so it is refused
+here, as upstream's ``_validate_model_input`` does (:446-459).
 
 What it does for each request: check that ``priority`` is an int and
 ``arrival_time`` a finite number or None (upstream only annotates these
@@ -43,6 +58,8 @@ import math
 import time
 from numbers import Integral, Real
 
+import torch
+
 from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
 from mini_vllm.lora.request import LoRARequest
 from mini_vllm.request import Request
@@ -62,8 +79,19 @@ class InputProcessor:
         max_logprobs: int = 20,
         logits_processors: list[type] | None = None,
         lora_config=None,
+        mm_processor=None,
+        mm_encoder_cache_size: int = 0,
+        enable_prompt_embeds: bool = False,
+        hidden_size: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        # A multimodal model's processor (None: text only) and its encoder
+        # cache size, in embeddings.
+        self.mm_processor = mm_processor
+        self.mm_encoder_cache_size = mm_encoder_cache_size
+        # Prompts as embeddings: allowed, and the width they must have.
+        self.enable_prompt_embeds = enable_prompt_embeds
+        self.hidden_size = hidden_size
         self.lora_config = lora_config
         self.logits_processors = list(logits_processors or ())
         self.max_model_len = max_model_len
@@ -176,7 +204,18 @@ class InputProcessor:
             raise ValueError(
                 f"Request {request_id!r}: stop strings need a tokenizer, and this model has none."
             )
-        prompt_text, token_ids = self.tokenize(prompt)
+        prompt_embeds = None
+        if isinstance(prompt, dict) and "prompt_embeds" in prompt:
+            prompt_embeds = self._process_embeds(request_id, prompt["prompt_embeds"])
+            # The prompt's token ids are placeholders (upstream: zeros).
+            prompt_text, token_ids = None, [0] * prompt_embeds.shape[0]
+        else:
+            prompt_text, token_ids = self.tokenize(prompt)
+        mm_features = []
+        if isinstance(prompt, dict) and "multi_modal_data" in prompt:
+            token_ids, mm_features = self._process_multimodal(
+                request_id, token_ids, prompt["multi_modal_data"]
+            )
         self._validate_model_input(request_id, token_ids)
         token_ids = [int(t) for t in token_ids]
         params = copy.deepcopy(params)
@@ -204,8 +243,62 @@ class InputProcessor:
             priority=int(priority),
             block_hasher=self.block_hasher,
             lora_request=lora_request,
+            mm_features=mm_features,
+            prompt_embeds=prompt_embeds,
         )
         return prompt_text, request
+
+    def _process_embeds(self, request_id: str, prompt_embeds: object) -> torch.Tensor:
+        """A prompt given as embeddings, checked: allowed by the engine, a float
+        tensor [seq_len, hidden_size] (a batch of one is squeezed, as upstream's
+        ``_process_embeds``, vllm/renderers/base.py:737), non-empty, of the
+        model's width (upstream does not check the width: the step would fail)."""
+        if not self.enable_prompt_embeds:
+            raise ValueError(
+                f"Request {request_id!r}: You must set `enable_prompt_embeds=True` to input "
+                "`prompt_embeds`."
+            )
+        if not isinstance(prompt_embeds, torch.Tensor) or not prompt_embeds.is_floating_point():
+            raise ValueError(
+                f"Request {request_id!r}: prompt_embeds must be a float torch.Tensor, got "
+                f"{type(prompt_embeds).__name__}."
+            )
+        if prompt_embeds.ndim == 3:
+            prompt_embeds = prompt_embeds.squeeze(dim=0)
+        if prompt_embeds.ndim != 2:
+            raise ValueError(
+                f"Request {request_id!r}: prompt_embeds must be of shape (seq_len, hidden_size)."
+            )
+        if self.hidden_size is not None and prompt_embeds.shape[1] != self.hidden_size:
+            raise ValueError(
+                f"Request {request_id!r}: prompt_embeds has hidden size "
+                f"{prompt_embeds.shape[1]}; the model's is {self.hidden_size}."
+            )
+        return prompt_embeds.detach().cpu()
+
+    def _process_multimodal(self, request_id: str, token_ids: list[int], multi_modal_data):
+        """The prompt with its image tokens expanded, and its images' features."""
+        if self.mm_processor is None:
+            raise ValueError(
+                f"Request {request_id!r}: this model takes no multi_modal_data "
+                "(it is not a multimodal model)."
+            )
+        try:
+            processed = self.mm_processor.apply(list(token_ids), multi_modal_data)
+        except ValueError as e:
+            raise ValueError(f"Request {request_id!r}: {e}") from e
+        for feature in processed.mm_features:
+            num_embeds = feature.mm_position.get_num_embeds()
+            if num_embeds > self.mm_encoder_cache_size:
+                # upstream's words (vllm/v1/engine/input_processor.py:451-459)
+                raise ValueError(
+                    f"Request {request_id!r}: the decoder prompt contains a(n) "
+                    f"{feature.modality} item with {num_embeds} embedding tokens, which "
+                    "exceeds the pre-allocated encoder cache size "
+                    f"{self.mm_encoder_cache_size}. Please reduce the input size or "
+                    "increase the encoder cache size."
+                )
+        return processed.prompt_token_ids, processed.mm_features
 
     def _validate_lora(self, request_id: str, lora_request: LoRARequest | None) -> None:
         """A LoRARequest needs an engine started with enable_lora (upstream's check)."""

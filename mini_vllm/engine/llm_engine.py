@@ -113,13 +113,25 @@ class LLMEngine:
         self.model, self.hf_config, self.tokenizer = loaded
         model_config.verify_max_model_len(self.hf_config)
         model_config.verify_with_parallel_config(self.hf_config, vllm_config.parallel_config)
+        # A multimodal model's processor (Phase 13); the scheduler's encoder
+        # budgets are sized from the embeddings one item can fill.
+        self.mm_processor = None
+        if getattr(self.hf_config, "vision_config", None) is not None:
+            from mini_vllm.multimodal.processing import LlavaMultiModalProcessor
+
+            self.mm_processor = LlavaMultiModalProcessor.from_pretrained(
+                model_config.model, self.hf_config
+            )
+            model_config.mm_max_tokens_per_item = {
+                "image": self.mm_processor.get_num_image_tokens()
+            }
         self.engine_core = EngineCore(
             vllm_config, self.model, self.device, self.dtype, backend, tokenizer=self.tokenizer
         )
 
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None else None
         if eos is None:
-            eos = getattr(self.hf_config, "eos_token_id", None)
+            eos = getattr(self.hf_config.get_text_config(), "eos_token_id", None)
             if isinstance(eos, list):
                 eos = eos[0] if eos else None
         self.input_processor = InputProcessor(
@@ -127,10 +139,16 @@ class LLMEngine:
             model_config.max_model_len,
             vllm_config.cache_config.block_size,
             eos,
-            vocab_size=self.hf_config.vocab_size,
+            vocab_size=self.hf_config.get_text_config().vocab_size,
             max_logprobs=model_config.max_logprobs,
             logits_processors=model_config.logits_processors,
             lora_config=vllm_config.lora_config,
+            mm_processor=self.mm_processor,
+            enable_prompt_embeds=model_config.enable_prompt_embeds,
+            hidden_size=self.hf_config.get_text_config().hidden_size,
+            mm_encoder_cache_size=self.engine_core.scheduler.encoder_cache_manager.cache_size
+            if self.mm_processor is not None
+            else 0,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.prefix_cache_stats = PrefixCacheStats()

@@ -107,6 +107,7 @@ class LLM:
         max_cpu_loras: int | None = None,
         tensor_parallel_size: int = 1,
         distributed_executor_backend: str | None = None,
+        enable_prompt_embeds: bool = False,
     ) -> None:
         from mini_vllm.model_executor.layers.quantization import verify_quantization
         from mini_vllm.model_executor.model_loader import find_checkpoint, load_model
@@ -143,7 +144,7 @@ class LLM:
             quantization=quantization,
         )
         if max_model_len is None:
-            max_model_len = int(loaded.hf_config.max_position_embeddings)
+            max_model_len = int(loaded.hf_config.get_text_config().max_position_embeddings)
         default_tokens, default_seqs = default_batch_limits(torch_device)
         if max_num_seqs is None:
             max_num_seqs = default_seqs
@@ -168,6 +169,7 @@ class LLM:
                 max_logprobs=max_logprobs,
                 logits_processors=logits_processors,
                 logprobs_mode=logprobs_mode,
+                enable_prompt_embeds=enable_prompt_embeds,
             ),
             cache_config=CacheConfig(
                 block_size=block_size,
@@ -210,8 +212,11 @@ class LLM:
         """Generate for every prompt; outputs come back in prompt order.
 
         ``prompts``: a string, a ``{"prompt_token_ids": [...]}`` dict, or a
-        list of either. ``sampling_params``: one for all, or one per prompt;
-        ``lora_request`` too (None: the base model; needs ``enable_lora``).
+        list of either; for a multimodal model (Phase 13) a dict may carry
+        images: ``{"prompt": "USER: <image>\\n...", "multi_modal_data":
+        {"image": pil_image_or_list}}``, one ``<image>`` per image.
+        ``sampling_params``: one for all, or one per prompt; ``lora_request``
+        too (None: the base model; needs ``enable_lora``).
         A prompt that is rejected raises before anything runs. On any
         exception (Ctrl-C included) every request of this call is aborted.
         """
@@ -277,19 +282,29 @@ class LLM:
             )
         # upstream's conversation_to_seq (vllm/renderers/inputs/preprocess.py:59)
         if messages and isinstance(messages[0], dict):
-            conversations = [parse_chat_messages(messages)]
+            messages = [messages]
+            wheres = ["messages"]
         else:
-            conversations = [
-                parse_chat_messages(conv, f"messages[{c}]") for c, conv in enumerate(messages)
-            ]
-        prompts = [
-            {
+            wheres = [f"messages[{c}]" for c in range(len(messages))]
+        # A multimodal model takes image_url parts (data URLs): each
+        # conversation's images go with its prompt.
+        # Every conversation is checked before any template runs.
+        multimodal = self.llm_engine.mm_processor is not None
+        images = [[] if multimodal else None for _ in messages]
+        conversations = [
+            parse_chat_messages(conv, where, images=conv_images)
+            for conv, where, conv_images in zip(messages, wheres, images, strict=True)
+        ]
+        prompts = []
+        for conv, conv_images in zip(conversations, images, strict=True):
+            prompt: dict = {
                 "prompt_token_ids": tokenizer.apply_chat_template(
                     conv, add_generation_prompt=True, tokenize=True, return_dict=False
                 )
             }
-            for conv in conversations
-        ]
+            if conv_images:
+                prompt["multi_modal_data"] = {"image": conv_images}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from mini_vllm.lora.request import LoRARequest
+from mini_vllm.multimodal.inputs import MultiModalFeatureSpec
 from mini_vllm.sample.logits_processor import (
     BatchUpdateBuilder,
     LogitsProcessors,
@@ -69,6 +70,10 @@ class CachedRequestState:
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
     lora_request: LoRARequest | None = None
+    # Its images, in prompt order (Phase 13): where each goes, and its hash.
+    mm_features: list[MultiModalFeatureSpec] = field(default_factory=list)
+    # A prompt given as embeddings [num_prompt_tokens, hidden], or None.
+    prompt_embeds: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

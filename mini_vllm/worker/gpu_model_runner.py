@@ -4,9 +4,12 @@ Mirrors upstream ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``
 :415: ``_may_reorder_batch`` :1054, ``_update_states`` :1116,
 ``_prepare_inputs`` :1863, ``_calc_spec_decode_metadata`` :2713, ``_sample``
 :3481, ``_bookkeeping_sync`` :3512, ``execute_model`` :3955,
-``take_draft_token_ids`` :4637, ``propose_draft_token_ids`` :4750) at v0.22.1.
+``take_draft_token_ids`` :4637, ``propose_draft_token_ids`` :4750;
+multimodal: ``_execute_mm_encoder`` :2860, ``_gather_mm_embeddings`` :3071)
+at v0.22.1.
 Left out: CUDA graphs and the padding they need, async scheduling and async
-output copies, draft-model and EAGLE speculation, multimodal, pooling,
+output copies, draft-model and EAGLE speculation, multimodal modalities
+other than images and the encoder-cache connector, pooling,
 prompt logprobs, pipeline parallelism; see UPSTREAM_PIN.md.
 
 One step:
@@ -25,7 +28,11 @@ One step:
    buffers allocated once at their largest size (input ids, positions,
    query_start_loc, seq_lens, and the batch's block table and slot mapping).
 3. The model runs; every row's last token gives logits, and the sampler
-   draws one token per row from ``input_batch.sampling_metadata``.
+   draws one token per row from ``input_batch.sampling_metadata``. A
+   multimodal model first encodes the images the scheduler scheduled
+   (``scheduled_encoder_inputs``) into ``encoder_cache``, and runs on
+   embeddings: the step's token embeddings with the encoder rows its chunks
+   cover written over their placeholder positions.
 4. ``_bookkeeping_sync`` throws away the tokens of rows still mid-prefill
    and appends the others to the batch and to the request states.
 
@@ -135,7 +142,7 @@ class GPUModelRunner:
         self.max_model_len = vllm_config.model_config.max_model_len
         self.max_num_reqs = vllm_config.scheduler_config.max_num_seqs
         self.max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-        self.vocab_size = model.config.vocab_size
+        self.vocab_size = model.config.get_text_config().vocab_size
         self.reorder_batch_threshold = reorder_threshold_of(model)
 
         self.requests: dict[str, CachedRequestState] = {}
@@ -200,12 +207,23 @@ class GPUModelRunner:
         # "time outside the model" figure.
         self.forward_time = 0.0
 
+        # A multimodal model (Phase 13): the encoder's outputs, one tensor
+        # [num_embeds, hidden] per item hash, kept from the step that encodes
+        # an item until the scheduler frees it (upstream's encoder_cache,
+        # gpu_model_runner.py:528), and the seconds spent encoding.
+        self.supports_mm_inputs = hasattr(model, "embed_multimodal")
+        self.encoder_cache: dict[str, torch.Tensor] = {}
+        self.encoder_time = 0.0
+
     # ---------------------------------------------------------------- states
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Apply the step's deltas to ``requests`` and to ``input_batch``."""
         batch = self.input_batch
         cached = scheduler_output.scheduled_cached_reqs
+        # Encoder outputs the scheduler no longer needs (gpu_model_runner.py:1148).
+        for mm_hash in scheduler_output.free_encoder_mm_hashes:
+            self.encoder_cache.pop(mm_hash, None)
         # BEGIN LAB 05.3: who leaves the batch: finished requests, and those not scheduled now
         # HINT: receives the step's scheduler_output; leaves in the batch only the requests
         # HINT: scheduled this step that were there before: every other req_id's row is a hole
@@ -302,9 +320,11 @@ class GPUModelRunner:
                 if row is not None:
                     batch.num_tokens_no_spec[row] = batch.num_prompt_tokens[row] + num_output_tokens
 
-        # The adapter a new request runs with (LoRA, Phase 11).
+        # The adapter a new request runs with (LoRA, Phase 11), and its images (Phase 13).
         for new_req in scheduler_output.scheduled_new_reqs:
             self.requests[new_req.req_id].lora_request = new_req.lora_request
+            self.requests[new_req.req_id].mm_features = list(new_req.mm_features)
+            self.requests[new_req.req_id].prompt_embeds = new_req.prompt_embeds
         # New and returning requests fill the lowest holes first.
         for state in reqs_to_add:
             batch.add_request(state)
@@ -398,6 +418,87 @@ class GPUModelRunner:
             discard_request_mask=seq_lens_np < batch.num_tokens_no_spec[:num_reqs],
             spec_decode_metadata=spec_decode_metadata,
         )
+
+    # ------------------------------------------------------------ multimodal
+
+    def _execute_mm_encoder(self, scheduler_output: SchedulerOutput) -> list[torch.Tensor]:
+        """Encode the items the scheduler scheduled this step, all in one batch,
+        and keep each output in ``encoder_cache`` under the item's hash
+        (mirrors gpu_model_runner.py:2817 ``_batch_mm_inputs_from_scheduler``
+        and :2860 ``_execute_mm_encoder``; every item here is an image)."""
+        mm_hashes: list[str] = []
+        pixel_values: list[torch.Tensor] = []
+        for req_id, encoder_input_ids in scheduler_output.scheduled_encoder_inputs.items():
+            req_state = self.requests[req_id]
+            for mm_input_id in encoder_input_ids:
+                mm_feature = req_state.mm_features[mm_input_id]
+                if mm_feature.data is None:
+                    continue
+                mm_hashes.append(mm_feature.identifier)
+                pixel_values.append(mm_feature.data["pixel_values"])
+        if not pixel_values:
+            return []
+        start = time.perf_counter()
+        batch = torch.stack(pixel_values).to(self.device)  # [items, C, H, W]
+        encoder_outputs = self.model.embed_multimodal(pixel_values=batch)
+        if len(encoder_outputs) != len(mm_hashes):
+            raise RuntimeError(
+                f"the encoder returned {len(encoder_outputs)} outputs for {len(mm_hashes)} items"
+            )
+        for mm_hash, output in zip(mm_hashes, encoder_outputs, strict=True):
+            self.encoder_cache[mm_hash] = output
+        self.encoder_time += time.perf_counter() - start
+        return encoder_outputs
+
+    # mirrors vllm/v1/worker/gpu_model_runner.py:3071-3140
+    def _gather_mm_embeddings(
+        self, scheduler_output: SchedulerOutput
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The encoder rows this step's tokens need, in batch order, and the
+        mask of the step's token positions they go to (bool [num_tokens]).
+
+        A request's chunk covers prompt positions ``[computed, computed +
+        scheduled)``; an image covers ``[offset, offset + length)``. Where they
+        overlap, those rows of the image's encoder output are taken: a chunk
+        that cuts through an image takes only its part, and the next chunk
+        the rest (read from the encoder cache, not encoded again)."""
+        total = scheduler_output.total_num_scheduled_tokens
+        mm_embeds: list[torch.Tensor] = []
+        is_mm_embed = torch.zeros(total, dtype=torch.bool)
+        req_start_idx = 0  # where this request's tokens start in the step
+        for req_id in self.input_batch.req_ids:
+            num_scheduled_tokens = scheduler_output.num_scheduled_tokens[req_id]
+            req_state = self.requests[req_id]
+            num_computed_tokens = req_state.num_computed_tokens
+            for mm_feature in req_state.mm_features:
+                pos_info = mm_feature.mm_position
+                start_pos, num_encoder_tokens = pos_info.offset, pos_info.length
+                if start_pos >= num_computed_tokens + num_scheduled_tokens:
+                    break  # this image, and every later one, comes in a later step
+                if start_pos + num_encoder_tokens <= num_computed_tokens:
+                    continue  # already in the KV cache
+                # The overlap, relative to the image's first placeholder.
+                start_idx = max(num_computed_tokens - start_pos, 0)
+                end_idx = min(
+                    num_computed_tokens - start_pos + num_scheduled_tokens, num_encoder_tokens
+                )
+                embeds_start, embeds_end = pos_info.get_embeds_indices_in_range(start_idx, end_idx)
+                if embeds_start == embeds_end:
+                    continue
+                encoder_output = self.encoder_cache.get(mm_feature.identifier)
+                if encoder_output is None:
+                    raise RuntimeError(f"Encoder cache miss for {mm_feature.identifier}.")
+                # This request's first placeholder position, in the step's tokens.
+                req_start_pos = req_start_idx + start_pos - num_computed_tokens
+                if pos_info.is_embed is None:
+                    is_mm_embed[req_start_pos + start_idx : req_start_pos + end_idx] = True
+                else:
+                    is_mm_embed[req_start_pos + start_idx : req_start_pos + end_idx] |= (
+                        pos_info.is_embed[start_idx:end_idx]
+                    )
+                mm_embeds.append(encoder_output[embeds_start:embeds_end])
+            req_start_idx += num_scheduled_tokens
+        return mm_embeds, is_mm_embed
 
     # BEGIN LAB 08.4: which logits rows verify which drafts
     def _calc_spec_decode_metadata(
@@ -623,7 +724,11 @@ class GPUModelRunner:
             set_forward_context(inputs.attn_metadata, self.kv_connector),
             self._maybe_kv_connector_output(scheduler_output) as kv_connector_output,
         ):
-            hidden_states = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden]
+            hidden_states = self.model(
+                inputs.input_ids,
+                inputs.positions,
+                **self._model_inputs_embeds(scheduler_output, inputs),
+            )  # [num_tokens, hidden]
         # [num_logits, V]: one row a request, 1 + drafts rows when verifying drafts
         logits = self.model.compute_logits(hidden_states[inputs.logits_indices])
         if grammar_output is not None:
@@ -643,6 +748,53 @@ class GPUModelRunner:
             logprobs=logprobs,
             kv_connector_output=kv_connector_output,
         )
+
+    def _model_inputs_embeds(
+        self, scheduler_output: SchedulerOutput, inputs: PreparedInputs
+    ) -> dict[str, torch.Tensor]:
+        """``{"inputs_embeds": [num_tokens, hidden]}`` when the model must run on
+        embeddings: a multimodal model always (the step's token embeddings with
+        the image rows merged in, as upstream, gpu_model_runner.py:3385-3404),
+        and any model in a step with a prompt given as embeddings (its rows
+        take them: upstream's enable_prompt_embeds branch, :3411-3434). Else
+        nothing: the model embeds its ids itself."""
+        with_prompt_embeds = [
+            req_id
+            for req_id in self.input_batch.req_ids
+            if self.requests[req_id].prompt_embeds is not None
+        ]
+        if not self.supports_mm_inputs and not with_prompt_embeds:
+            return {}
+        if self.supports_mm_inputs:
+            self._execute_mm_encoder(scheduler_output)
+            mm_embeds, is_mm_embed = self._gather_mm_embeddings(scheduler_output)
+            inputs_embeds = self.model.embed_input_ids(
+                inputs.input_ids, multimodal_embeddings=mm_embeds, is_multimodal=is_mm_embed
+            )
+        else:
+            inputs_embeds = self.model.embed_input_ids(inputs.input_ids)
+        if with_prompt_embeds:
+            self._write_prompt_embeds(scheduler_output, inputs_embeds)
+        return {"inputs_embeds": inputs_embeds}
+
+    def _write_prompt_embeds(
+        self, scheduler_output: SchedulerOutput, inputs_embeds: torch.Tensor
+    ) -> None:
+        """Overwrite the rows of prompt positions given as embeddings with them
+        (upstream copies them in _prepare_inputs, gpu_model_runner.py:1941-1975):
+        a request's chunk covers positions [computed, computed + scheduled);
+        those below its prompt length take its prompt_embeds rows."""
+        req_start_idx = 0
+        for req_id in self.input_batch.req_ids:
+            num_scheduled = scheduler_output.num_scheduled_tokens[req_id]
+            state = self.requests[req_id]
+            embeds = state.prompt_embeds
+            if embeds is not None and state.num_computed_tokens < embeds.shape[0]:
+                start = state.num_computed_tokens
+                end = min(start + num_scheduled, embeds.shape[0])
+                rows = slice(req_start_idx, req_start_idx + end - start)
+                inputs_embeds[rows] = embeds[start:end].to(inputs_embeds)
+            req_start_idx += num_scheduled
 
     def set_active_loras(self, num_scheduled_tokens: np.ndarray) -> None:
         """Each token's adapter, in the batch's row order, to the LoRA layers

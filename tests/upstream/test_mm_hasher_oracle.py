@@ -1,10 +1,12 @@
-"""An image's hash (the encoder cache's key) against upstream's MultiModalHasher.
+"""An image's hash (the encoder cache's key), and a prompt-embeds block hash, against upstream.
 
 mini_vllm.multimodal.hasher mirrors vllm/multimodal/hasher.py: for the same
 keywords, ``hash_kwargs`` gives the same hex digest as upstream's (its
 default blake3), on images of every PIL mode a prompt may carry (RGB, RGBA,
 grayscale, a palette image), numpy arrays and tensors, called as upstream's
-processor calls it (``model_id=..., image=...``).
+processor calls it (``model_id=..., image=...``). A prompt given as
+embeddings has upstream's block hashes (its placeholder zeros plus each
+block's sha256 of its rows).
 """
 
 from __future__ import annotations
@@ -63,3 +65,43 @@ def test_hash_follows_pixels_not_the_object():
     h = MultiModalHasher.hash_kwargs
     assert h(model_id="m", image=a) == h(model_id="m", image=b) != h(model_id="m", image=c)
     assert h(model_id="m", image=a) != h(model_id="other", image=a)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_prompt_embeds_block_hashes_equal_upstream(block_size):
+    """A prompt given as embeddings: its blocks' hashes (placeholder zeros plus
+    each block's sha256 of its rows, upstream's _gen_prompt_embeds_extra_hash_keys)
+    equal upstream's, before and after output tokens fill more blocks."""
+    import importlib
+
+    upstream = importlib.import_module("mini_vllm.oracle.upstream")  # sets vllm's env first
+    from vllm.sampling_params import SamplingParams as UpstreamParams
+    from vllm.v1.core import kv_cache_utils as up_utils
+    from vllm.v1.request import Request as UpstreamRequest
+
+    from mini_vllm.core.kv_cache_utils import get_request_block_hasher, sha256
+    from mini_vllm.request import Request
+    from mini_vllm.sampling_params import SamplingParams
+
+    for seed in range(3):
+        embeds = torch.randn(2 * block_size + 3, 8, generator=torch.Generator().manual_seed(seed))
+        ours = Request(
+            "r",
+            [0] * len(embeds),
+            SamplingParams(max_tokens=4),
+            block_hasher=get_request_block_hasher(block_size, sha256),
+            prompt_embeds=embeds,
+        )
+        theirs = UpstreamRequest(
+            "r",
+            None,
+            UpstreamParams(max_tokens=4),
+            None,
+            prompt_embeds=embeds,
+            block_hasher=up_utils.get_request_block_hasher(block_size, upstream.sha256),
+        )
+        assert ours.block_hashes and ours.block_hashes == theirs.block_hashes
+        for token in range(block_size + 1):
+            ours.append_output_token_ids(5 + token)
+            theirs.append_output_token_ids(5 + token)
+        assert ours.block_hashes == theirs.block_hashes

@@ -39,6 +39,8 @@ class NewRequestData:
     # Its multimodal items (upstream's field sits after prompt_token_ids; here
     # it has a default, at the end, so text-only callers still work).
     mm_features: list[MultiModalFeatureSpec] = field(default_factory=list)
+    # A prompt given as embeddings [num_prompt_tokens, hidden] (Phase 13), or None.
+    prompt_embeds: Any = None
 
     @classmethod
     def from_request(cls, request: Request, block_ids: tuple[list[int], ...]) -> NewRequestData:
@@ -50,6 +52,7 @@ class NewRequestData:
             num_computed_tokens=request.num_computed_tokens,
             lora_request=request.lora_request,
             mm_features=request.mm_features,
+            prompt_embeds=request.prompt_embeds,
         )
 
 

@@ -18,8 +18,14 @@ first k entries of the engine's dict (the sampled token first).
 The stream: for each choice a first chunk with ``delta: {"role":
 "assistant", "content": ""}``, then one chunk per new piece of text, the
 last with its ``finish_reason``; the usage chunk and ``data: [DONE]`` as for
-completions. Left out: tools, reasoning parsers, multimodal content, ``echo``,
-custom chat templates, tokens as ids.
+completions. Left out: tools, reasoning parsers, multimodal content other
+than images, ``echo``, custom chat templates, tokens as ids.
+
+Images (Phase 13): for a multimodal model, a message's content may be a list
+of parts with ``image_url`` parts holding data URLs (nothing is fetched);
+``chat_utils.parse_chat_messages`` decodes them and marks each with the
+model's ``<image>`` placeholder, and the engine input carries them as
+``multi_modal_data``. A bad image is a 400 for that request alone.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from mini_vllm.engine.async_llm import RequestOutputKind
+from mini_vllm.entrypoints.chat_utils import parse_chat_messages
 from mini_vllm.entrypoints.openai.protocol import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
@@ -55,11 +62,30 @@ ROLE = "assistant"
 
 
 class OpenAIServingChat(OpenAIServing):
-    def _render(self, request: ChatCompletionRequest) -> list[int]:
-        """The conversation through the model's chat template, as token ids."""
+    def _render_multimodal(self, request: ChatCompletionRequest) -> dict:
+        """A multimodal model's engine input: the conversation (text and
+        ``image_url`` parts) through the chat template, and its images."""
+        tokenizer = self._chat_tokenizer()
+        images: list = []
+        conversation = parse_chat_messages(request.messages, images=images)
+        engine_input: dict = {
+            "prompt_token_ids": tokenizer.apply_chat_template(
+                conversation, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        }
+        if images:
+            engine_input["multi_modal_data"] = {"image": images}
+        return engine_input
+
+    def _chat_tokenizer(self):
         tokenizer = self.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ValueError("This model has no chat template.")
+        return tokenizer
+
+    def _render(self, request: ChatCompletionRequest) -> list[int]:
+        """The conversation through the model's chat template, as token ids."""
+        tokenizer = self._chat_tokenizer()
         for message in request.messages:
             if not isinstance(message.get("role"), str) or not isinstance(
                 message.get("content"), str
@@ -77,7 +103,10 @@ class OpenAIServingChat(OpenAIServing):
     ) -> tuple[dict, SamplingParams]:
         """The engine input and SamplingParams, checked as the engine would
         (blocking: run in the executor)."""
-        engine_input = {"prompt_token_ids": self._render(request)}
+        if self.engine_client.input_processor.mm_processor is not None:
+            engine_input = self._render_multimodal(request)
+        else:
+            engine_input = {"prompt_token_ids": self._render(request)}
         max_tokens = self._validate_prompt_len(
             engine_input["prompt_token_ids"],
             request.max_completion_tokens

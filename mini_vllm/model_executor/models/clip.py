@@ -7,8 +7,10 @@ Mirrors upstream ``vllm/model_executor/models/clip.py`` at v0.22.1
 feature selection of ``resolve_visual_encoder_outputs``
 (vllm/model_executor/models/vision.py:198). Left out: CLIP's text tower and
 the CLIP embedding model, several selected layers (``select_layers``),
-tensor and data parallelism, quantization, and upstream's choice of
-attention backend (``MMEncoderAttention``): attention here is torch's SDPA.
+tensor and data parallelism (the layers are upstream's parallel ones, but
+the attention takes all heads: LLaVA refuses ``tensor_parallel_size > 1``),
+quantization, and upstream's choice of attention backend
+(``MMEncoderAttention``): attention here is torch's SDPA.
 
 An image ``[3, image_size, image_size]`` becomes ``(image_size /
 patch_size)**2`` patch vectors (one strided convolution), with a learned
@@ -30,7 +32,11 @@ from torch import nn
 from transformers import CLIPVisionConfig
 
 from mini_vllm.model_executor.layers.activation import get_act_fn
-from mini_vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from mini_vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 
 
 def select_features(features: torch.Tensor, strategy: str) -> torch.Tensor:
@@ -123,7 +129,7 @@ class CLIPMLP(nn.Module):
     def __init__(self, config: CLIPVisionConfig, prefix: str = "") -> None:
         super().__init__()
         self.activation_fn = get_act_fn(config.hidden_act)
-        self.fc1 = RowParallelLinear(
+        self.fc1 = ColumnParallelLinear(
             config.hidden_size, config.intermediate_size, bias=True, prefix=f"{prefix}.fc1"
         )
         self.fc2 = RowParallelLinear(

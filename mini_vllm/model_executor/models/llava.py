@@ -8,8 +8,8 @@ checkpoint-name mapper, hf_to_vllm_mapper at :517) and the merge of
 ``SupportsMultiModal.embed_input_ids`` (interfaces.py:374) with
 ``_merge_multimodal_embeddings`` (utils.py:456). Left out: SigLIP and
 Pixtral towers, several feature layers, precomputed ``image_embeds`` inputs,
-LoRA on the tower, pipeline parallelism, and the processor registry (the
-processor is mini_vllm/multimodal/processing.py).
+LoRA on the tower, tensor and pipeline parallelism, and the processor
+registry (the processor is mini_vllm/multimodal/processing.py).
 
 How an image reaches the language model:
 
@@ -35,9 +35,10 @@ import torch
 from torch import nn
 from transformers import CLIPVisionConfig, PretrainedConfig
 
+from mini_vllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from mini_vllm.model_executor.layers.activation import get_act_fn
 from mini_vllm.model_executor.layers.attention import Attention
-from mini_vllm.model_executor.layers.linear import RowParallelLinear
+from mini_vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
 from mini_vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from mini_vllm.model_executor.models.clip import CLIPVisionModel
 from mini_vllm.model_executor.models.llama import LlamaForCausalLM
@@ -92,7 +93,7 @@ class LlavaMultiModalProjector(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
-        self.linear_1 = RowParallelLinear(
+        self.linear_1 = ColumnParallelLinear(
             vision_hidden_size,
             text_hidden_size,
             multimodal_projector_bias,
@@ -117,6 +118,11 @@ class LlavaForConditionalGeneration(nn.Module):
         super().__init__()
         self.config = config
         vision_config = config.vision_config
+        if get_tensor_model_parallel_world_size() > 1:
+            raise ValueError(
+                "mini_vllm's LLaVA runs on one rank: use tensor_parallel_size=1 "
+                "(its vision tower's attention is not split over ranks)"
+            )
         if not isinstance(vision_config, CLIPVisionConfig):
             raise ValueError(
                 f"vision_config is a {type(vision_config).__name__}: mini_vllm's LLaVA "
