@@ -429,8 +429,8 @@ class KVTransferConfig:
 
 
 # Upstream's DistributedExecutorBackend (vllm/config/parallel.py:35), less
-# "external_launcher" and "ray" (not yet in mini_vllm).
-EXECUTOR_BACKENDS = ("uni", "mp")
+# "external_launcher".
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 
 
 @dataclass
@@ -438,7 +438,8 @@ class ParallelConfig:
     """How many processes run the model (upstream's ``ParallelConfig``,
     vllm/config/parallel.py:108). ``distributed_executor_backend`` None
     becomes "uni" for one process and "mp" (one worker process a rank) for
-    more, as upstream resolves it on one machine (parallel.py:835-880)."""
+    more, as upstream resolves it on one machine (parallel.py:835-880);
+    "ray" runs the ranks as Ray actors, on one machine or a cluster."""
 
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
@@ -458,7 +459,7 @@ class ParallelConfig:
         if self.distributed_executor_backend == "uni" and self.world_size > 1:
             raise ValueError(
                 f"distributed_executor_backend='uni' runs one process, but "
-                f"tensor_parallel_size is {self.tensor_parallel_size}: use 'mp'."
+                f"tensor_parallel_size is {self.tensor_parallel_size}: use 'mp' or 'ray'."
             )
 
     @property

@@ -12,9 +12,10 @@ same model's with one process and transformers' on the same weights:
   down_proj) and one all-gather of the logits. Then one worker is killed:
   the next ``generate`` fails with an error naming the dead rank, and no
   worker process is left;
-- deep: SmolLM2-135M (9 query heads, 3 KV heads) with TP=3, and a worker
-  that hangs (stopped with SIGSTOP): the step times out
-  (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS) and every worker is stopped.
+- deep: SmolLM2-135M (9 query heads, 3 KV heads) with TP=3 under both
+  executors ("mp" and "ray"), a worker that hangs (stopped with SIGSTOP):
+  the step times out (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS) and every worker
+  is stopped; and the tiny Llama on Ray with a killed actor.
 """
 
 from __future__ import annotations
@@ -114,8 +115,15 @@ def test_tiny_llama_tp2_equals_tp1_and_transformers_and_a_dead_worker_fails(tiny
         split.llm_engine.engine_core.shutdown()
 
 
+def needs_ray(backend: str) -> None:
+    if backend == "ray":
+        pytest.importorskip("ray", reason="ray is not installed (the project's `ray` extra)")
+
+
 @pytest.mark.deep
-def test_smollm2_tp3_equals_tp1_and_transformers(smollm2_hf):
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_smollm2_tp3_equals_tp1_and_transformers(smollm2_hf, backend):
+    needs_ray(backend)
     path, hf = smollm2_hf
     whole = LLM(str(path), kv_cache_memory_bytes=64 * 2**20, max_model_len=256)
     tokenizer = whole.get_tokenizer()
@@ -133,7 +141,7 @@ def test_smollm2_tp3_equals_tp1_and_transformers(smollm2_hf):
         kv_cache_memory_bytes=64 * 2**20,
         max_model_len=256,
         tensor_parallel_size=3,
-        distributed_executor_backend="mp",
+        distributed_executor_backend=backend,
     )
     try:
         assert split.llm_engine.engine_core.kv_cache_spec.num_kv_heads == 1  # 3 KV heads / 3
@@ -152,5 +160,33 @@ def test_a_hung_worker_times_out_and_every_worker_stops(tiny_llama, monkeypatch)
         with pytest.raises(WorkerFailedError, match=r"sent no answer .* within 5 s"):
             greedy_tokens(split, [[5, 6, 7]])
         assert not any(p.is_alive() for p in procs), "a worker process was left running"
+    finally:
+        split.llm_engine.engine_core.shutdown()
+
+
+@pytest.mark.deep
+def test_ray_tiny_llama_tp2_equals_transformers_and_a_dead_actor_fails(tiny_llama):
+    """The Ray executor on a local Ray cluster (started by the executor, as
+    ``ray start`` would across hosts): the same tokens, and a killed actor
+    ends the engine with the rank named and the cluster stopped."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (the project's `ray` extra)")
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (28, 5)]
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    expected = [hf_greedy(hf, p, NUM_TOKENS) for p in prompts]
+    split = LLM(
+        str(tiny_llama),
+        kv_cache_memory_bytes=KV_BYTES,
+        max_model_len=128,
+        tensor_parallel_size=2,
+        distributed_executor_backend="ray",
+    )
+    try:
+        assert greedy_tokens(split, prompts) == expected, "TP=2 on Ray differs from transformers"
+        executor = split.llm_engine.engine_core.model_executor
+        os.kill(ray.get(executor.workers[1].get_pid.remote()), signal.SIGKILL)
+        with pytest.raises(WorkerFailedError, match="worker rank 1 died"):
+            greedy_tokens(split, prompts)
+        assert not ray.is_initialized(), "the executor's local Ray cluster was left running"
     finally:
         split.llm_engine.engine_core.shutdown()

@@ -97,9 +97,12 @@ class EngineCore:
             # Tensor parallelism: the model and its KV cache live in one worker
             # process per rank (each holding its heads only); the executor
             # runs every step on all of them and returns rank 0's output.
-            from mini_vllm.executor.multiproc_executor import MultiprocExecutor
+            if parallel.distributed_executor_backend == "ray":
+                from mini_vllm.executor.ray_executor import RayDistributedExecutor as executor_cls
+            else:
+                from mini_vllm.executor.multiproc_executor import MultiprocExecutor as executor_cls
 
-            self.model_executor = MultiprocExecutor(vllm_config, device, dtype, attention_backend)
+            self.model_executor = executor_cls(vllm_config, device, dtype, attention_backend)
             kv = self.model_executor.kv_cache
         else:
             kv = initialize_kv_cache(vllm_config, model, device, dtype, attention_backend)

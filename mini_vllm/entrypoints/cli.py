@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="split the model over this many worker processes (tensor parallelism)",
     )
-    p.add_argument("--distributed-executor-backend", default=None, choices=["uni", "mp"])
+    p.add_argument("--distributed-executor-backend", default=None, choices=["uni", "mp", "ray"])
     p.add_argument("--no-progress", action="store_true")
     return p
 

@@ -304,7 +304,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=1,
         help="split the model over this many worker processes (tensor parallelism)",
     )
-    parser.add_argument("--distributed-executor-backend", default=None, choices=["uni", "mp"])
+    parser.add_argument(
+        "--distributed-executor-backend", default=None, choices=["uni", "mp", "ray"]
+    )
     return parser
 
 
