@@ -17,7 +17,8 @@ are the reference:
   image's encoder output from the runner's cache), and with a shared image
   encoded once;
 - bad input fails that request with one clear ValueError, and the engine
-  serves the next request.
+  serves the next request;
+- deep tier: under preemption, async scheduling and n-gram speculation too.
 """
 
 from __future__ import annotations
@@ -225,6 +226,26 @@ def test_greedy_equals_transformers_under_preemption(tiny_llava):
     outputs = llm.generate([mm_prompt(t, imgs) for t, imgs in prompts], params)
     assert [list(o.outputs[0].token_ids) for o in outputs] == expected
     assert llm.llm_engine.engine_core.num_preemptions > 0
+
+
+@pytest.mark.deep
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        {"async_scheduling": True, "max_num_batched_tokens": 10, "max_num_seqs": 4},
+        {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+    ],
+    ids=["async-chunked", "ngram-spec"],
+)
+def test_greedy_equals_transformers_async_and_speculative(tiny_llava, engine_kwargs):
+    """Deep tier: the same tokens under async scheduling (the encoder inputs
+    scheduled a step ahead) and with n-gram drafts verified after the images."""
+    folder, hf, processor = tiny_llava
+    expected = [hf_greedy_mm(hf, processor, text, images, 12) for text, images in PROMPTS]
+    llm = LLM(model=folder, **engine_kwargs)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outputs = llm.generate([mm_prompt(t, imgs) for t, imgs in PROMPTS], params)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == expected
 
 
 def test_bad_images_fail_that_request(tiny_llava):
