@@ -142,7 +142,8 @@ class GPUModelRunner:
         self.max_model_len = vllm_config.model_config.max_model_len
         self.max_num_reqs = vllm_config.scheduler_config.max_num_seqs
         self.max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-        self.vocab_size = model.config.get_text_config().vocab_size
+        # A multimodal model keeps its vocabulary in its text config.
+        self.vocab_size = (getattr(model.config, "text_config", None) or model.config).vocab_size
         self.reorder_batch_threshold = reorder_threshold_of(model)
 
         self.requests: dict[str, CachedRequestState] = {}
