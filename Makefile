@@ -128,6 +128,7 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.quantization --threads 1
 	$(BIN)/python -m mini_vllm.benchmarks.lora --threads 1
 	$(BIN)/python -m mini_vllm.benchmarks.kv_connector
+	$(BIN)/python -m mini_vllm.benchmarks.tensor_parallel
 
 labs: setup
 	$(BIN)/python -m mini_vllm.grading generate

@@ -20,8 +20,9 @@ A ``GroupCoordinator`` holds two torch.distributed groups over the same
 ranks: ``device_group`` on the run's backend (NCCL on CUDA, gloo on CPU) for
 tensors, and ``cpu_group`` on gloo for Python objects, as upstream's.
 Collectives on a group of one return their input untouched. Each
-coordinator counts the tensor collectives it ran and their input bytes
-(``comm_calls``, ``comm_bytes``; mini_vllm's, for measuring a step).
+coordinator counts the tensor collectives it ran, their input bytes and
+the seconds spent inside them (``comm_calls``, ``comm_bytes``,
+``comm_seconds``; mini_vllm's, for measuring a step).
 
 Left out: pipeline, data, expert and context parallel groups, the device
 communicators (custom all-reduce, symmetric memory, the CPU shm all-reduce:
@@ -38,6 +39,7 @@ single-process executor initialises a world of one instead.
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -81,10 +83,12 @@ class GroupCoordinator:
             self.device = torch.device(f"cuda:{local_rank}")
         else:
             self.device = torch.device("cpu")
-        # mini_vllm only: how many tensor collectives ran, and their input
-        # bytes, by name (what a TP step costs in communication).
+        # mini_vllm only: how many tensor collectives ran, their input bytes
+        # and the wall seconds inside them, by name (what a TP step costs in
+        # communication; the seconds include waiting for the slowest rank).
         self.comm_calls: Counter[str] = Counter()
         self.comm_bytes: Counter[str] = Counter()
+        self.comm_seconds: Counter[str] = Counter()
 
     def _count(self, name: str, input_: torch.Tensor) -> None:
         self.comm_calls[name] += 1
@@ -100,7 +104,9 @@ class GroupCoordinator:
         if self.world_size == 1:
             return input_
         self._count("all_reduce", input_)
+        start = time.perf_counter()
         dist.all_reduce(input_, group=self.device_group)
+        self.comm_seconds["all_reduce"] += time.perf_counter() - start
         return input_
 
     def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -119,7 +125,9 @@ class GroupCoordinator:
             device=input_.device,
         )
         # (upstream calls all_gather_into_tensor: torch 2.13 renamed it all_gather_single)
+        start = time.perf_counter()
         dist.all_gather_single(out, input_.contiguous(), group=self.device_group)
+        self.comm_seconds["all_gather"] += time.perf_counter() - start
         out = out.reshape((self.world_size,) + tuple(input_.shape)).movedim(0, dim)
         shape = list(input_.shape)
         shape[dim] *= self.world_size

@@ -253,11 +253,17 @@ class WorkerProc:
         return output, self.runner.forward_time
 
     def comm_stats(self) -> dict:
-        """This rank's tensor collectives so far: {"calls": {...}, "bytes": {...}}."""
+        """This rank's tensor collectives so far, by name: {"calls", "bytes",
+        "seconds"}; and the torch threads it computes with ("threads")."""
         from mini_vllm.distributed.parallel_state import get_tp_group
 
         group = get_tp_group()
-        return {"calls": dict(group.comm_calls), "bytes": dict(group.comm_bytes)}
+        return {
+            "calls": dict(group.comm_calls),
+            "bytes": dict(group.comm_bytes),
+            "seconds": dict(group.comm_seconds),
+            "threads": torch.get_num_threads(),
+        }
 
     @staticmethod
     def worker_main(*args, conn: Connection) -> None:
