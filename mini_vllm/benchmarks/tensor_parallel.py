@@ -38,13 +38,15 @@ compute time and memory time, plus the all-reduces: ``calls x latency + 2
 (TP-1)/TP x bytes / NVLink`` (a ring all-reduce). Kernel launches, the
 all-gather of the logits, sampling and the scheduler are left out.
 
-Why TP is slower here: the TP ranks are processes on the same 2 cores, so
-splitting the work adds no compute (TP=1 already uses both cores); the
-collectives go through gloo over loopback TCP, each a few hundred
-microseconds of copies and system calls, ``1 + 2 x layers`` of them a step;
-and the ranks share one memory bus, so reading 1/TP of the weights each
-buys no bandwidth. On a GPU node each rank brings its own HBM bandwidth and
-FLOPs, and NVLink all-reduces a few kilobytes in microseconds.
+Why TP is slower here: the TP ranks are processes on the same 2 cores,
+which other jobs share too: a split gains a core only when one is idle, and
+on a busy machine none is, so the ranks take turns on the cores. The
+collectives go through gloo over loopback TCP (copies and system calls
+through the kernel), ``1 + 2 x layers`` of them a step, and each waits for
+the slowest rank, which may be waiting for a core. The ranks share one
+memory bus, so reading 1/TP of the weights each buys no bandwidth. On a
+GPU node each rank brings its own HBM bandwidth and FLOPs, and NVLink
+all-reduces a few kilobytes in microseconds.
 
 Writes ``OUT/tensor_parallel_cpu.json`` (``OUT`` defaults to this folder's
 ``results/``) and prints two tables.
