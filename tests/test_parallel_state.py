@@ -32,6 +32,10 @@ def test_collectives_on_two_ranks():
         torch.testing.assert_close(got["all_gather_last"], torch.cat(inputs, -1), rtol=0, atol=0)
         torch.testing.assert_close(got["broadcast"], inputs[1], rtol=0, atol=0)
         assert got["broadcast_object"] == {"from": 0, "text": "hi"}
+        # counted and timed: what the tensor_parallel benchmark's communication share adds up
+        assert got["comm_calls"] == {"all_reduce": 1, "all_gather": 2}
+        assert set(got["comm_seconds"]) == {"all_reduce", "all_gather"}
+        assert all(seconds > 0 for seconds in got["comm_seconds"].values())
 
 
 def test_outside_a_run_the_group_has_one_rank():

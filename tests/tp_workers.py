@@ -70,7 +70,7 @@ def collectives(rank: int, world_size: int) -> dict:
 
     group = get_tp_group()
     mine = rank_tensor(rank)
-    return {
+    got = {
         "rank": get_tensor_model_parallel_rank(),
         "world_size": get_tensor_model_parallel_world_size(),
         "all_reduce": group.all_reduce(mine.clone()),
@@ -79,6 +79,9 @@ def collectives(rank: int, world_size: int) -> dict:
         "broadcast": group.broadcast(mine.clone(), src=world_size - 1),
         "broadcast_object": group.broadcast_object({"from": rank, "text": "hi"}, src=0),
     }
+    # the group's counters after those calls
+    got["comm_calls"], got["comm_seconds"] = dict(group.comm_calls), dict(group.comm_seconds)
+    return got
 
 
 def rank_tensor(rank: int) -> torch.Tensor:
