@@ -183,6 +183,11 @@ class ModelConfig:
         tp = parallel_config.tensor_parallel_size
         if tp == 1:
             return
+        if getattr(hf_config, "vision_config", None) is not None:
+            raise ValueError(
+                f"tensor_parallel_size={tp}: mini_vllm runs a vision-language model on one "
+                "rank only (its vision tower is not split); use tensor_parallel_size=1."
+            )
         heads = hf_config.num_attention_heads
         if heads % tp != 0:
             raise ValueError(

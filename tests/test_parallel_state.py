@@ -105,3 +105,18 @@ def test_a_model_tensor_parallel_cannot_split_is_refused_before_the_workers_star
     )
     with pytest.raises(ValueError, match=r"KV heads \(2\) must divide"):
         model_config.verify_with_parallel_config(tiny, ParallelConfig(3))
+
+
+def test_a_vision_language_model_is_refused_above_one_rank():
+    """mini's LLaVA builds its vision tower unsplit, so TP > 1 is refused before
+    any worker starts (without this check the engine got an AttributeError on the
+    config, or a worker failed while building the model)."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    llava = LlavaConfig(
+        vision_config=CLIPVisionConfig(num_attention_heads=2, hidden_size=32),
+        text_config=LlamaConfig(num_attention_heads=4, num_key_value_heads=2),
+    )
+    ModelConfig().verify_with_parallel_config(llava, ParallelConfig(1))
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2: .*vision-language"):
+        ModelConfig().verify_with_parallel_config(llava, ParallelConfig(2))
