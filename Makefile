@@ -126,7 +126,7 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.spec_step_cost
 	$(BIN)/python -m mini_vllm.benchmarks.structured_output
 	$(BIN)/python -m mini_vllm.benchmarks.quantization --threads 1
-	$(BIN)/python -m mini_vllm.benchmarks.lora --threads 1
+	$(BIN)/python -m mini_vllm.benchmarks.lora --threads 1 --prompt-len 8 --tokens 8 --repeats 2
 	$(BIN)/python -m mini_vllm.benchmarks.kv_connector
 	$(BIN)/python -m mini_vllm.benchmarks.tensor_parallel
 
