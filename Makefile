@@ -26,7 +26,7 @@ help:
 	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers; attention backends; async scheduling on/off; speculative decoding; structured outputs; sliding windows and prefix caching"
 	@echo "make check-phase-03   grade your labs/ code for a phase (IMPL=ref: the reference)"
 	@echo "make check-lab-03.2   grade one lab"
-	@echo "make labs       regenerate labs/ starters (never overwrites your code)"
+	@echo "make labs       bring labs/ starters up to date (keeps your code in lab regions)"
 	@echo "make diff-upstream SYMBOL=Scheduler.schedule [IMPL=labs]  mini beside upstream"
 	@echo "make notebooks  execute every notebook"
 

@@ -86,18 +86,87 @@ def test_staleness_ignores_student_code_but_not_outside_edits(tmp_path):
     assert [p for p in R.stale_files(tmp_path) if "utils.py" in p]
 
 
+GENERATE = [sys.executable, "-m", "mini_vllm.grading", "generate"]
+
+
+def _generate(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        GENERATE + ["--out", str(out), *extra], capture_output=True, text=True, check=False
+    )
+
+
+# Three edits to an untouched phase_03/utils.py starter, all inside Lab 03.5's
+# whole-function region, that the generator must undo: a hint, the signature,
+# the docstring.
+STALE_EDITS = {
+    "hint": ("    # HINT: the request's", "    # HINT: an old hint: the request's"),
+    "signature": ("max_model_len: int) -> bool:", "max_len: int) -> bool:"),
+    "docstring": ("Returns True if it did.", "Returns whether it did."),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(STALE_EDITS))
+def test_check_names_a_stale_starter_and_generate_rewrites_it(tmp_path, edit):
+    assert _generate(tmp_path).returncode == 0
+    utils = tmp_path / "phase_03" / "utils.py"
+    fresh = utils.read_text()
+    old, new = STALE_EDITS[edit]
+    assert fresh.count(old) == 1
+    utils.write_text(fresh.replace(old, new))
+    assert R.stale_files(tmp_path) == ["phase_03/utils.py: out of date with the reference"]
+    check = _generate(tmp_path, "--check")
+    assert check.returncode == 1 and f"stale: {utils}" in check.stdout
+    out = _generate(tmp_path)
+    assert out.returncode == 0 and "wrote 1 starter files" in out.stdout, out.stdout
+    assert utils.read_text() == fresh and R.stale_files(tmp_path) == []
+
+
+def test_generate_updates_a_starter_keeping_student_code(tmp_path):
+    """Code in one region survives; a stale hint in a stub region and an edit
+    outside the regions are brought up to date."""
+    assert _generate(tmp_path).returncode == 0
+    sched = tmp_path / "phase_03" / "scheduler.py"
+    fresh = sched.read_text()
+    stub = "            new_blocks = None  # yours to set: the code after the region reads it\n"
+    mine = "            new_blocks = self.kv_cache_manager.allocate_slots(request, 1)  # mine\n"
+    hint = "            # HINT: receives request, new_blocks, num_new_tokens;"
+    outside = "            if request.spec_token_ids:"
+    for old in (stub, hint, outside):
+        assert fresh.count(old) == 1
+    worked = fresh.replace(stub, mine)
+    sched.write_text(
+        worked.replace(hint, hint.replace("receives", "gets")).replace(
+            outside, outside + "  # edited"
+        )
+    )
+    assert [p for p in R.stale_files(tmp_path) if "scheduler.py" in p]
+    out = _generate(tmp_path)
+    assert out.returncode == 0 and "wrote 1 starter files" in out.stdout, out.stdout
+    assert sched.read_text() == worked
+    assert R.stale_files(tmp_path) == []  # the student's code alone is not staleness
+
+
 def test_generate_never_overwrites_student_code(tmp_path):
-    cmd = [sys.executable, "-m", "mini_vllm.grading", "generate", "--out", str(tmp_path)]
-    subprocess.run(cmd, check=True, capture_output=True)
+    assert _generate(tmp_path).returncode == 0
     utils = tmp_path / "phase_03" / "utils.py"
     mine = utils.read_text().replace(
         "    raise NotImplementedError", "    x = 1  # my work\n    raise NotImplementedError"
     )
     utils.write_text(mine)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    assert "kept" in out and utils.read_text() == mine
-    subprocess.run(cmd + ["--force"], check=True, capture_output=True)
-    assert "my work" not in utils.read_text()
+    assert _generate(tmp_path).returncode == 0 and utils.read_text() == mine
+    # Its function's signature differs from the reference's: the code cannot be
+    # carried into the fresh starter, so generate refuses and says how.
+    renamed = mine.replace("max_model_len: int) -> bool:", "max_len: int) -> bool:")
+    utils.write_text(renamed)
+    out = _generate(tmp_path)
+    assert out.returncode == 1 and f"kept {utils}: LAB 03.5 holds your code" in out.stdout
+    assert "--force" in out.stdout and utils.read_text() == renamed
+    assert R.stale_files(tmp_path) == [
+        "phase_03/utils.py: LAB 03.5 holds your code, and the def line or docstring of its "
+        "function differs from the reference's"
+    ]
+    assert _generate(tmp_path, "--force").returncode == 0
+    assert "my work" not in utils.read_text() and R.stale_files(tmp_path) == []
 
 
 def _fake_phase(tmp_path: Path) -> Path:

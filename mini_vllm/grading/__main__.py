@@ -1,6 +1,7 @@
 """``python -m mini_vllm.grading``: starters, grading, and diffs against upstream.
 
-generate [--check] [--out DIR] [--force]   write (or check) the labs/ starters
+generate [--check] [--out DIR] [--force]   bring the labs/ starters up to date (or check them);
+                                           your code inside lab regions is kept
 solve --out DIR                            a copy of labs/ with the reference's code in every region
 check 03 | 03.2 [--impl ref] [--labs-dir DIR] [--results FILE] [--no-upstream-tests]
       [-- PYTEST ARGS]                     grade a phase or one lab; exit 0 only on full marks
@@ -19,6 +20,10 @@ from mini_vllm.oracle.upstream_suite.runner import LAB_FILES
 
 
 def generate(out: Path, check: bool, force: bool) -> int:
+    """Write every starter, or with ``check`` only name the stale ones. An
+    existing starter is brought up to date with the student's code in its
+    regions carried over (``regions.update``); one whose code cannot be carried
+    over is left alone and named, unless ``force`` overwrites it."""
     if check:
         problems = R.stale_files(out)
         for p in problems:
@@ -29,23 +34,27 @@ def generate(out: Path, check: bool, force: bool) -> int:
         print(f"{out}: every starter is up to date with the reference.")
         return 0
     starters = R.all_starters()
-    kept = []
+    written, kept = 0, []
     for rel, text in starters.items():
         path = out / rel
-        if (
-            path.exists()
-            and path.read_text() != text
-            and R.has_student_code(path, text)
-            and not force
-        ):
-            kept.append(path)
-            continue
+        if path.exists() and not force:
+            current = path.read_text()
+            text, why = R.update(current, text, str(path))
+            if text is None:
+                kept.append((path, why))
+                continue
+            if text == current:
+                continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    for path in kept:
-        print(f"kept {path}: it holds your code (use --force to overwrite it)")
-    print(f"wrote {len(starters) - len(kept)} starter files under {out}")
-    return 0
+        written += 1
+    for path, why in kept:
+        print(
+            f"kept {path}: {why}. Save your code from it, then `generate --force` "
+            "overwrites it with the fresh starter."
+        )
+    print(f"wrote {written} starter files under {out} ({len(starters)} in all)")
+    return 1 if kept else 0
 
 
 def solve(out: Path) -> int:
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("generate", help="write the labs/ starters from the reference")
     g.add_argument("--out", default=str(R.REPO_ROOT / R.LABS_PACKAGE))
     g.add_argument("--check", action="store_true", help="fail if labs/ is out of date")
-    g.add_argument("--force", action="store_true", help="overwrite starters holding your code")
+    g.add_argument("--force", action="store_true", help="overwrite all, your code too")
     s = sub.add_parser("solve", help="a copy of labs/ with the reference's code in every region")
     s.add_argument("--out", required=True)
     c = sub.add_parser("check", help="grade a phase (03) or a lab (03.2)")

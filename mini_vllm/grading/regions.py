@@ -17,6 +17,15 @@ the reference class, so everything outside the holes is the reference's.
 Splicing goes the other way: it replaces the code inside a file's regions
 with other code (the reference's, to solve a starter or to grade one lab
 with the other labs' regions filled in).
+
+Keeping starters current (``update``, ``stale_files``): a region "holds
+student code" unless it holds only what a stub holds (comments, the ``def``
+line and docstring, the placeholders, the ``raise``). Bringing a starter up to
+date rewrites everything else, hints and stubs included, and carries the
+student's regions over unchanged; when that cannot be done (the lab markers
+changed, or the ``def`` line or docstring of a function holding student code
+changed) the file is left alone and named. A starter is stale when updating
+it would change it.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -684,50 +694,114 @@ def compose(
     )
 
 
+# ------------------------------------------------------------------ keeping starters current
+
+
+def _is_stub_statement(node: ast.stmt, lines: list[str]) -> bool:
+    """The generator's ``raise NotImplementedError("Lab ...")`` or one of its
+    ``name = None  # yours to set`` placeholders."""
+    if isinstance(node, ast.Raise):
+        call = node.exc
+        return (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "NotImplementedError"
+            and len(call.args) == 1
+            and isinstance(call.args[0], ast.Constant)
+            and str(call.args[0].value).startswith("Lab ")
+        )
+    return (
+        isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and node.value.value is None
+        and "# yours to set" in lines[node.lineno - 1]
+    )
+
+
+def region_is_stub(body: list[str]) -> bool:
+    """Whether a region's lines (markers excluded) hold no student code: only
+    comments (hints, old or new), the ``def`` line and docstring of a
+    whole-function region, placeholders and the ``raise``. Code that does not
+    parse counts as the student's."""
+    lines = textwrap.dedent("\n".join(body)).splitlines()
+    try:
+        statements = ast.parse("\n".join(lines)).body
+    except SyntaxError:
+        return False
+    if len(statements) == 1 and isinstance(statements[0], FUNCTIONS):
+        fn = statements[0]
+        statements = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
+    return all(_is_stub_statement(node, lines) for node in statements)
+
+
+def _function_head(body: list[str]) -> list[str] | None:
+    """A whole-function region's lines up to the end of its docstring (its
+    decorators, ``def`` line and docstring); None for a region inside a body."""
+    try:
+        statements = ast.parse(textwrap.dedent("\n".join(body))).body
+    except SyntaxError:
+        return None
+    if len(statements) != 1 or not isinstance(statements[0], FUNCTIONS):
+        return None
+    fn = statements[0]
+    end = fn.body[0].end_lineno if ast.get_docstring(fn) is not None else fn.body[0].lineno - 1
+    return body[:end]
+
+
+def update(current: str, fresh: str, where: str) -> tuple[str | None, str]:
+    """``fresh`` (the starter the generator writes now) with the student's code
+    from ``current`` put back into each region that holds some; regions
+    holding only a stub take the fresh stub, hints included. (None, why) when
+    the student's code cannot be carried over: the lab markers differ, or a
+    whole-function region holding code has a different ``def`` line or
+    docstring from the fresh one."""
+    lines, fresh_lines = current.splitlines(), fresh.splitlines()
+    try:
+        regions = find_regions(lines, where)
+    except RegionError as e:
+        return None, str(e)
+    fresh_regions = find_regions(fresh_lines, where)
+    if [r.lab for r in regions] != [r.lab for r in fresh_regions]:
+        return None, (
+            f"its lab markers ({[r.lab for r in regions]}) differ from the reference's "
+            f"({[r.lab for r in fresh_regions]})"
+        )
+    keep = {}
+    for k, (mine, new) in enumerate(zip(regions, fresh_regions, strict=True)):
+        body = lines[mine.begin + 1 : mine.end]
+        if region_is_stub(body):
+            continue
+        header = _function_head(fresh_lines[new.begin + 1 : new.end])
+        if header is not None and body[: len(header)] != header:
+            return None, (
+                f"LAB {mine.lab} holds your code, and the def line or docstring of its function "
+                "differs from the reference's"
+            )
+        keep[k] = body
+    return splice(fresh, keep, where), ""
+
+
 def stale_files(labs_dir: Path) -> list[str]:
-    """Starters in ``labs_dir`` that differ from what the generator writes now,
-    ignoring the code inside regions (that part is the student's)."""
+    """Starters in ``labs_dir`` that differ in any way from what the generator
+    writes now (code outside the regions, hints, docstrings, signatures), apart
+    from the student's own code inside regions that hold some."""
     problems = []
-    for rel, fresh in all_starters().items():
+    starters = all_starters()
+    for rel, fresh in starters.items():
         path = labs_dir / rel
         if not path.exists():
             problems.append(f"{rel}: missing")
             continue
         current = path.read_text()
-        fresh_lines = fresh.splitlines()
-        try:
-            fresh_code = region_code(fresh_lines, find_regions(fresh_lines))
-            normalised = splice(current, dict(enumerate(fresh_code)), str(rel))
-        except RegionError as e:
-            problems.append(f"{rel}: {e}")
+        if current == fresh:
             continue
-        if normalised != fresh:
+        updated, why = update(current, fresh, str(rel))
+        if updated is None:
+            problems.append(f"{rel}: {why}")
+        elif updated != current:
             problems.append(f"{rel}: out of date with the reference")
-    known = set(all_starters())
     for path in sorted(labs_dir.rglob("*.py")):
         rel = path.relative_to(labs_dir)
-        if rel not in known:
+        if rel not in starters:
             problems.append(f"{rel}: not a starter the generator writes (delete it?)")
     return problems
-
-
-def has_student_code(path: Path, fresh: str) -> bool:
-    """Whether the file's regions hold anything but stubs: comments (hints,
-    old or new) and the ``raise NotImplementedError`` do not count."""
-
-    def code(lines: list[str]) -> list[list[str]]:
-        return [
-            [
-                line
-                for line in region
-                if line.strip()
-                and not line.lstrip().startswith("#")
-                and not line.lstrip().startswith("raise NotImplementedError(")
-            ]
-            for region in region_code(lines, find_regions(lines, str(path)))
-        ]
-
-    try:
-        return code(path.read_text().splitlines()) != code(fresh.splitlines())
-    except RegionError:
-        return True
