@@ -10,7 +10,9 @@ Differs from upstream: the context carries the worker half of the KV
 connector (``kv_connector``), which upstream's attention layers find through
 a process-wide group (``get_kv_transfer_group``,
 vllm/distributed/kv_transfer/kv_transfer_state.py:19): mini_vllm may run
-two engines in one process, each with its own connector.
+two engines in one process, each with its own connector. A connector call
+that raises in a layer is recorded in ``kv_connector_errors`` (upstream's
+engine dies) and the forward goes on.
 
 Differs from upstream: the context is per thread, not per process. Upstream
 runs one engine core per process; mini_vllm's ``AsyncLLM`` steps its engine
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mini_vllm.attention.backend import AttentionMetadata
@@ -33,6 +35,9 @@ class ForwardContext:
     attn_metadata: AttentionMetadata | None
     # The worker half of the engine's KV connector (Phase 15), or None.
     kv_connector: Any = None
+    # mini only: the first error each connector call in the layers raised
+    # this step, by call name; the runner handles them after the forward.
+    kv_connector_errors: dict[str, Exception] = field(default_factory=dict)
 
 
 # One slot per thread: ``_local.context`` is the running forward's context.

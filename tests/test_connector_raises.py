@@ -1,15 +1,20 @@
 """A KV connector that raises in a worker-side call fails or recomputes its request alone.
 
-Upstream's engine dies when a connector's ``start_load_kv`` raises. mini_vllm's
-runner reports the blocks the step's new requests start from as failed loads
-(``invalid_block_ids``), and the scheduler's invalid-block path
-(vllm/v1/core/sched/scheduler.py:2268) does the rest, by
-``kv_load_failure_policy``: "recompute" gives the tokens of an engine without
-a connector, "fail" ends that request with finish_reason "error" while a
-request in the same batch finishes; either way the engine serves the next
-request and no block stays allocated. The connector is ExampleConnector
-(storage) loaded through ``kv_connector_module_path``, raising whenever it
-has a stored prefix to load.
+Upstream's engine dies when a connector's worker-side call raises. mini_vllm's
+runner logs it once a step and goes on. A load (``start_load_kv``, or
+``wait_for_layer_load`` inside the forward): it reports the blocks the step's
+new requests start from as failed loads (``invalid_block_ids``), and the
+scheduler's invalid-block path (vllm/v1/core/sched/scheduler.py:2268) does
+the rest, by ``kv_load_failure_policy``: "recompute" gives the tokens of an
+engine without a connector, "fail" ends that request with finish_reason
+"error" while a request in the same batch finishes. A save (``save_kv_layer``,
+``wait_for_save``): the save is lost, the requests' tokens are unchanged, and a
+finished request whose blocks ``request_finished`` held for that save is
+reported in ``finished_sending`` so they are freed. ``get_finished``: nothing
+finishes that step; the finished ids it was given are passed again next step.
+Either way the engine serves the next request and no block stays allocated.
+The connectors are ExampleConnector (storage) subclasses loaded through
+``kv_connector_module_path``.
 """
 
 from __future__ import annotations
@@ -33,15 +38,76 @@ OTHER = [(7 * j + 1) % 499 + 3 for j in range(21)]
 N = 6
 
 
+def _loads(connector: ExampleConnector) -> bool:
+    metadata = connector._get_connector_metadata()
+    assert isinstance(metadata, ExampleConnectorMetadata)
+    return any(not r.is_store for r in metadata.requests)
+
+
 class RaisingConnector(ExampleConnector):
     """ExampleConnector whose start_load_kv raises when it has something to load."""
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
-        metadata = self._get_connector_metadata()
-        assert isinstance(metadata, ExampleConnectorMetadata)
-        if any(not r.is_store for r in metadata.requests):
+        if _loads(self):
             raise OSError("the storage went away")
         super().start_load_kv(forward_context, **kwargs)
+
+
+class LayerLoadRaisingConnector(ExampleConnector):
+    """ExampleConnector whose wait_for_layer_load raises, in the forward, when
+    it has something to load (start_load_kv loaded it)."""
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if _loads(self):
+            raise OSError("the storage went away")
+
+
+class AsyncSaveConnector(ExampleConnector):
+    """ExampleConnector that says its saves are asynchronous: request_finished
+    holds every finished request's blocks until get_finished reports it sent,
+    which it does for the finished ids it is given."""
+
+    def request_finished(self, request, block_ids):
+        return True, None
+
+    def get_finished(self, finished_req_ids):
+        return set(finished_req_ids), None
+
+
+class SaveRaisingConnector(ExampleConnector):
+    """ExampleConnector whose save_kv_layer raises (each layer, each step)."""
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
+        raise OSError("the storage is full")
+
+
+class HeldSaveRaisingConnector(SaveRaisingConnector):
+    """Its saves raise and are asynchronous: request_finished holds the
+    blocks, and get_finished never reports a send (none will complete)."""
+
+    def request_finished(self, request, block_ids):
+        return True, None
+
+
+class HeldWaitForSaveRaisingConnector(HeldSaveRaisingConnector):
+    """Its saves are written, but wait_for_save raises (each step)."""
+
+    save_kv_layer = ExampleConnector.save_kv_layer
+
+    def wait_for_save(self) -> None:
+        raise OSError("the storage is full")
+
+
+class FinishedRaisingConnector(AsyncSaveConnector):
+    """Its get_finished raises the first time it is given finished ids."""
+
+    raised = False
+
+    def get_finished(self, finished_req_ids):
+        if finished_req_ids and not self.raised:
+            self.raised = True
+            raise ConnectionError("the peer did not answer")
+        return super().get_finished(finished_req_ids)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +124,7 @@ def make_llm(path: str, storage: str | None, name: str = "ExampleConnector", pol
             "kv_load_failure_policy": policy,
             "kv_connector_extra_config": {"shared_storage_path": storage},
         }
-        if name == "RaisingConnector":
+        if name != "ExampleConnector":
             kv_transfer_config["kv_connector_module_path"] = __name__
     return LLM(
         path,
@@ -86,13 +152,16 @@ def fresh(tiny_llama):
 
 
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
-def test_a_raising_start_load_kv_fails_or_recomputes_its_request_alone(
-    tiny_llama, fresh, tmp_path, policy
+@pytest.mark.parametrize("name", ["RaisingConnector", "LayerLoadRaisingConnector"])
+def test_a_raising_load_fails_or_recomputes_its_request_alone(
+    tiny_llama, fresh, tmp_path, policy, name
 ):
+    """start_load_kv or wait_for_layer_load raising: the request that loads is
+    recomputed or fails alone; the other one finishes; no block leaks."""
     storage = str(tmp_path / "kv")
     make_llm(tiny_llama, storage).generate([{"prompt_token_ids": PROMPT}], PARAMS)  # stores it
 
-    llm = make_llm(tiny_llama, storage, "RaisingConnector", policy)
+    llm = make_llm(tiny_llama, storage, name, policy)
     pool = llm.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
     total = pool.get_num_free_blocks()
     loaded, other = llm.generate([{"prompt_token_ids": p} for p in (PROMPT, OTHER)], PARAMS)
@@ -105,3 +174,48 @@ def test_a_raising_start_load_kv_fails_or_recomputes_its_request_alone(
     # The engine goes on serving.
     (again,) = llm.generate([{"prompt_token_ids": OTHER}], PARAMS)
     assert tokens(again) == fresh[1]
+
+
+def drain(llm) -> None:
+    """Step the engine while finished requests still hold blocks (generate
+    returns when the last output is out, before a send is reported)."""
+    core = llm.llm_engine.engine_core
+    for _ in range(4):
+        if not core.scheduler.has_finished_requests():
+            return
+        core.step()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SaveRaisingConnector",
+        "HeldSaveRaisingConnector",
+        "HeldWaitForSaveRaisingConnector",
+        "FinishedRaisingConnector",
+    ],
+)
+def test_a_raising_save_or_get_finished_loses_nothing_but_the_save(
+    tiny_llama, fresh, tmp_path, caplog, name
+):
+    """save_kv_layer / wait_for_save raising: the requests go on with their
+    tokens, the error is logged once a step, and the blocks request_finished
+    held for a send that will never end are freed. get_finished raising: the
+    finished ids it was given are passed again next step, so their sends are
+    reported and their blocks freed."""
+    llm = make_llm(tiny_llama, str(tmp_path / "kv"), name)
+    pool = llm.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+    total = pool.get_num_free_blocks()
+    with caplog.at_level("ERROR", logger="mini_vllm.worker.gpu_model_runner"):
+        outs = llm.generate([{"prompt_token_ids": p} for p in (PROMPT, OTHER)], PARAMS)
+        drain(llm)
+    assert [tokens(o) for o in outs] == fresh
+    raised = [r for r in caplog.records if "KV connector" in r.getMessage()]
+    steps = llm.llm_engine.engine_core.num_steps
+    assert 1 <= len(raised) <= steps
+    assert pool.get_num_free_blocks() == total
+    # The engine goes on serving.
+    (again,) = llm.generate([{"prompt_token_ids": OTHER}], PARAMS)
+    drain(llm)
+    assert tokens(again) == fresh[1]
+    assert pool.get_num_free_blocks() == total

@@ -164,6 +164,10 @@ class GPUModelRunner:
         # tensors it loads into and saves from (upstream: the worker builds it
         # in ensure_kv_transfer_initialized, then register_kv_caches).
         self.kv_connector: KVConnectorBase_V1 | None = None
+        # mini only (a connector call that raised): finished ids get_finished
+        # has not taken yet, and requests whose save was lost.
+        self._kv_finished_req_ids: set[str] = set()
+        self._kv_saves_lost: set[str] = set()
         if vllm_config.kv_transfer_config is not None:
             self.kv_connector = KVConnectorFactory.create_connector(
                 vllm_config, KVConnectorRole.WORKER, kv_cache_config
@@ -822,32 +826,63 @@ class GPUModelRunner:
         """One step of the worker half around the forward pass: bind the
         scheduler's metadata and start the loads; after it, wait for the
         saves and collect what finished and which blocks failed to load.
-        Must run inside the step's forward context."""
+        Must run inside the step's forward context.
+
+        Upstream's engine dies when a connector call raises; mini_vllm logs
+        it once a step and goes on (``_kv_connector_errors``)."""
         connector = self.kv_connector
         assert connector is not None and scheduler_output.kv_connector_metadata is not None
         output = KVConnectorOutput()
+        errors = get_forward_context().kv_connector_errors  # the layers add theirs
         connector.bind_connector_metadata(scheduler_output.kv_connector_metadata)
-        load_failed_block_ids: set[int] = set()
         try:
             connector.start_load_kv(get_forward_context())
         except Exception as e:
-            # Upstream's engine dies here. mini_vllm reports the blocks this
-            # step's requests started from as failed loads: each such request
-            # is recomputed or fails alone, by kv_load_failure_policy.
-            load_failed_block_ids = self._blocks_started_from(scheduler_output)
-            logger.error("KV connector start_load_kv raised (%s: %s)", type(e).__name__, e)
+            errors["start_load_kv"] = e
         try:
             yield output
         finally:
             if wait_for_save:
-                connector.wait_for_save()
-            output.finished_sending, output.finished_recving = connector.get_finished(
-                scheduler_output.finished_req_ids
-            )
-            output.invalid_block_ids = (
-                connector.get_block_ids_with_load_errors() | load_failed_block_ids
-            )
+                try:
+                    connector.wait_for_save()
+                except Exception as e:
+                    errors["wait_for_save"] = e
+            # Finished ids a raising get_finished never took are passed again.
+            self._kv_finished_req_ids |= scheduler_output.finished_req_ids
+            try:
+                finished = connector.get_finished(self._kv_finished_req_ids)
+                output.finished_sending, output.finished_recving = finished
+                self._kv_finished_req_ids = set()
+            except Exception as e:
+                errors["get_finished"] = e
+            output.invalid_block_ids = connector.get_block_ids_with_load_errors()
+            self._kv_connector_errors(scheduler_output, output, errors)
             connector.clear_connector_metadata()
+
+    def _kv_connector_errors(
+        self,
+        scheduler_output: SchedulerOutput,
+        output: KVConnectorOutput,
+        errors: dict[str, Exception],
+    ) -> None:
+        """mini only: what a connector call that raised this step leaves.
+        A load (start_load_kv, wait_for_layer_load): the blocks this step's
+        requests started from are reported as failed loads, so each is
+        recomputed or fails alone by kv_load_failure_policy. A save
+        (save_kv_layer, wait_for_save): the save is lost; those requests go
+        on (their KV here is intact), and once finished they are reported in
+        finished_sending, so blocks held for that save are freed. get_finished:
+        nothing finishes this step; it is called again next step."""
+        for name, e in errors.items():
+            logger.error("KV connector %s raised (%s: %s)", name, type(e).__name__, e)
+        if errors.keys() & {"start_load_kv", "wait_for_layer_load"}:
+            output.invalid_block_ids |= self._blocks_started_from(scheduler_output)
+        if errors.keys() & {"save_kv_layer", "wait_for_save"}:
+            self._kv_saves_lost.update(self.input_batch.req_ids)
+        lost = self._kv_saves_lost & scheduler_output.finished_req_ids
+        if lost:
+            self._kv_saves_lost -= lost
+            output.finished_sending = (output.finished_sending or set()) | lost
 
     def _blocks_started_from(self, scheduler_output: SchedulerOutput) -> set[int]:
         """The blocks holding the computed tokens that this step's new and

@@ -1340,8 +1340,10 @@ class Scheduler(SchedulerInterface):
                 assert request.is_finished()
                 self._free_blocks(request)
         for req_id in kv_connector_output.finished_sending or ():
-            assert req_id in self.requests, f"finished_sending: unknown request {req_id!r}"
-            self._free_blocks(self.requests[req_id])
+            # mini only: the runner also reports finished requests whose save
+            # raised; one whose blocks were not held is already gone.
+            if req_id in self.requests:
+                self._free_blocks(self.requests[req_id])
 
     # END LAB 15.2
 

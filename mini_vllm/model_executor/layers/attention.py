@@ -24,7 +24,8 @@ first forward; each forward takes its metadata from the forward context
 argument of the same name): its backend sees only the last that many tokens.
 With a KV connector in the forward context (Phase 15), the layer waits for
 its KV to load before attention and hands its cache to the connector to
-save after.
+save after; either call raising is recorded in the forward context for the
+runner (upstream's engine dies) and the forward goes on.
 """
 
 from __future__ import annotations
@@ -94,7 +95,10 @@ class Attention(nn.Module):
         # values (upstream's maybe_transfer_kv_layer, kv_transfer_utils.py:15).
         connector = context.kv_connector
         if connector is not None and connector.has_connector_metadata():
-            connector.wait_for_layer_load(self.layer_name)
+            try:
+                connector.wait_for_layer_load(self.layer_name)
+            except Exception as e:  # the runner reports it after the forward
+                context.kv_connector_errors.setdefault("wait_for_layer_load", e)
         t = query.shape[0]
         quantized = self.kv_cache_dtype.startswith("fp8")
         # BEGIN LAB 10.3: an fp8 cache stores key / k_scale and value / v_scale
@@ -117,7 +121,10 @@ class Attention(nn.Module):
             metadata,
         )
         if connector is not None and connector.has_connector_metadata():
-            connector.save_kv_layer(self.layer_name, self.kv_cache, metadata)
+            try:
+                connector.save_kv_layer(self.layer_name, self.kv_cache, metadata)
+            except Exception as e:  # the save is lost; the runner reports it
+                context.kv_connector_errors.setdefault("save_kv_layer", e)
         # BEGIN LAB 10.3: the values read back carry v_scale
         # HINT: receives quantized, out, self._v_scale_float; leaves out: attention over the
         # HINT: dequantized values (Σ p (v̂ v_scale) = (Σ p v̂) v_scale).
