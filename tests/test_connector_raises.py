@@ -11,13 +11,17 @@ engine without a connector, "fail" ends that request with finish_reason
 ``wait_for_save``): the save is lost, the requests' tokens are unchanged, and a
 finished request whose blocks ``request_finished`` held for that save is
 reported in ``finished_sending`` so they are freed. ``get_finished``: nothing
-finishes that step; the finished ids it was given are passed again next step.
-Either way the engine serves the next request and no block stays allocated.
-The connectors are ExampleConnector (storage) subclasses loaded through
-``kv_connector_module_path``.
+finishes that step; the finished ids it was given are passed again next step,
+and a request waiting for a read (ZmqConnector's decode side) is promoted when
+a later call reports it. Either way the engine serves the next request and no
+block stays allocated. The connectors are ExampleConnector (storage) and ZmqConnector subclasses
+loaded through ``kv_connector_module_path``.
 """
 
 from __future__ import annotations
+
+import socket
+import threading
 
 import pytest
 
@@ -25,6 +29,7 @@ from mini_vllm.distributed.kv_transfer.kv_connector.v1.example_connector import 
     ExampleConnector,
     ExampleConnectorMetadata,
 )
+from mini_vllm.distributed.kv_transfer.kv_connector.v1.zmq_connector import ZmqConnector
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
 from mini_vllm.sampling_params import SamplingParams
@@ -106,6 +111,19 @@ class FinishedRaisingConnector(AsyncSaveConnector):
     def get_finished(self, finished_req_ids):
         if finished_req_ids and not self.raised:
             self.raised = True
+            raise ConnectionError("the peer did not answer")
+        return super().get_finished(finished_req_ids)
+
+
+class RecvRaisingZmqConnector(ZmqConnector):
+    """ZmqConnector whose get_finished raises on its first three calls (before
+    it looks at its reads, so nothing is lost)."""
+
+    calls = 0
+
+    def get_finished(self, finished_req_ids):
+        self.calls += 1
+        if self.calls <= 3:
             raise ConnectionError("the peer did not answer")
         return super().get_finished(finished_req_ids)
 
@@ -219,3 +237,64 @@ def test_a_raising_save_or_get_finished_loses_nothing_but_the_save(
     drain(llm)
     assert tokens(again) == fresh[1]
     assert pool.get_num_free_blocks() == total
+
+
+def zmq_llm(path: str, name: str) -> LLM:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    extra = {"side_channel_host": "127.0.0.1", "side_channel_port": port}
+    kv_transfer_config = {
+        "kv_connector": name,
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+    if name != "ZmqConnector":
+        kv_transfer_config["kv_connector_module_path"] = __name__
+    return LLM(
+        path,
+        max_model_len=128,
+        kv_cache_memory_bytes=8 << 20,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=4,
+        attention_backend="torch",
+        kv_transfer_config=kv_transfer_config,
+    )
+
+
+def test_a_raising_get_finished_leaves_a_receiving_request_waiting_for_the_next_step(
+    tiny_llama, fresh
+):
+    """The decode side of a ZmqConnector pair: its get_finished raises three
+    times while the request is in WAITING_FOR_REMOTE_KVS; the request is
+    promoted once a later call reports the read, with one engine's tokens,
+    and no block leaks on either side."""
+    p_llm = zmq_llm(tiny_llama, "ZmqConnector")
+    d_llm = zmq_llm(tiny_llama, "RecvRaisingZmqConnector")
+    d_pool = d_llm.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+    d_total = d_pool.get_num_free_blocks()
+    first = SamplingParams(
+        max_tokens=1, extra_args={"kv_transfer_params": {"do_remote_decode": True}}
+    )
+    (out,) = p_llm.generate([{"prompt_token_ids": PROMPT}], first)
+    p_core = p_llm.llm_engine.engine_core
+
+    def pump() -> None:  # the prefill engine steps until the read frees its blocks
+        while p_core.scheduler.has_requests():
+            p_core.step()
+
+    pump_thread = threading.Thread(target=pump, daemon=True)
+    pump_thread.start()
+    decode = SamplingParams(
+        max_tokens=N,
+        temperature=0.0,
+        ignore_eos=True,
+        extra_args={"kv_transfer_params": out.kv_transfer_params},
+    )
+    (dec,) = d_llm.generate([{"prompt_token_ids": PROMPT}], decode)
+    pump_thread.join(10.0)
+    assert not pump_thread.is_alive(), "the prefill engine still holds blocks"
+    assert tokens(dec) == fresh[0]
+    assert d_llm.llm_engine.engine_core.model_runner.kv_connector.calls > 3
+    assert d_llm.llm_engine.get_stats()["num_scheduled_tokens"] == N  # it did read
+    assert d_pool.get_num_free_blocks() == d_total
