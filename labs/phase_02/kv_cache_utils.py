@@ -45,6 +45,7 @@ from mini_vllm.core.kv_cache_utils import (  # noqa: F401
     init_none_hash,
     is_kv_cache_spec_uniform,
     make_block_hash_with_group_id,
+    tensor_data,
     unify_hybrid_kv_cache_specs,
 )
 from mini_vllm.utils.hashing import sha256

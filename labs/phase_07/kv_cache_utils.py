@@ -37,6 +37,7 @@ from mini_vllm.core.kv_cache_utils import (  # noqa: F401
     hash_block_tokens,
     init_none_hash,
     is_kv_cache_spec_uniform,
+    tensor_data,
     unify_hybrid_kv_cache_specs,
 )
 from mini_vllm.kv_cache_interface import AttentionSpec, KVCacheGroupSpec, cdiv  # noqa: F401 (a lab region uses it)

@@ -331,6 +331,12 @@ def _gen_mm_extra_hash_keys(
     return extra_keys, mm_idx
 
 
+# mirrors vllm/v1/utils.py:666 (upstream's kv_cache_utils imports it, and tests patch it here)
+def tensor_data(tensor: torch.Tensor) -> memoryview:
+    """A tensor's raw bytes, read as uint8: what a hash of its values reads."""
+    return tensor.flatten().cpu().contiguous().view(torch.uint8).numpy().data
+
+
 # mirrors vllm/v1/core/kv_cache_utils.py:477-500
 def _gen_prompt_embeds_extra_hash_keys(
     request: Request, start_token_idx: int, end_token_idx: int
@@ -344,8 +350,8 @@ def _gen_prompt_embeds_extra_hash_keys(
     block_range = (start_token_idx, end_token_idx)
     embeds_hash = request._prompt_embeds_per_block_hashes.get(block_range)
     if embeds_hash is None:
-        rows = prompt_embeds[start_token_idx:end_token_idx].flatten().contiguous()
-        embeds_hash = hashlib.sha256(rows.view(torch.uint8).numpy().data).digest()
+        rows = prompt_embeds[start_token_idx:end_token_idx]
+        embeds_hash = hashlib.sha256(tensor_data(rows)).digest()
         request._prompt_embeds_per_block_hashes[block_range] = embeds_hash
     return [embeds_hash]
 

@@ -11,8 +11,9 @@ serving stack) and ``--upstream-target``:
   back mini_vllm's module where mini_vllm has one (``MODULE_MAP``). A name
   mini_vllm's module lacks becomes a ``Missing`` stand-in, so the test file still
   imports and only the tests that use the name fail, saying which name. Modules
-  mini_vllm does not have (multimodal, LoRA layers and Triton kernels, KV
-  events...) stay upstream's: only out-of-scope tests need them.
+  mini_vllm does not have (the multimodal processing and registry, LoRA
+  layers and Triton kernels, KV events...) stay upstream's: only
+  out-of-scope tests need them.
 
 Environment adaptations (the whole list; no test body is edited):
 1. ``DeviceConfig(device="auto")`` becomes ``"cpu"``: without a GPU, upstream's
@@ -48,8 +49,11 @@ what a test checks):
   for a ``MockKVConfig``, mini_vllm's ExampleConnector for True).
   mini_vllm's scheduler holds no tokenizer, so ``skip_tokenizer_init``
   changes nothing; any other keyword for what mini_vllm leaves out (EC
-  connectors, pipeline parallelism, another model, prompt logprobs,
-  multimodal inputs) raises ``MissingInMiniVllm``; the ModelRunnerOutput
+  connectors, pipeline parallelism, another model, prompt logprobs)
+  raises ``MissingInMiniVllm``. ``create_requests`` builds one image feature
+  (no data) per ``mm_positions`` range, identified by ``mm_hashes_list`` or
+  ``hash{i}_{j}`` as upstream's helper does, and ``disable_chunked_mm_input``
+  reaches mini's scheduler (Phase 13); the ModelRunnerOutput
   and SchedulerOutput adapters pass the KV connector's fields through;
 - mini_vllm's constructors take numbers where upstream's take a
   ``KVCacheConfig`` (UPSTREAM_PIN.md): ``KVCacheManager`` is built from the
@@ -67,9 +71,11 @@ what a test checks):
   for nothing mini leaves out (``num_tokens_main_model`` equal to
   ``num_tokens``, no external tokens, no EAGLE, one-block alignment);
 - ``Request``, ``SamplingParams``, ``ModelRunnerOutput``, ``SchedulerOutput``
-  and ``CachedRequestState`` take upstream's extra keywords (``mm_features``,
-  ``prompt_logprobs``, ``scheduled_encoder_inputs``...) while they are empty,
-  and raise ``MissingInMiniVllm`` otherwise;
+  and ``CachedRequestState`` take upstream's extra keywords (``cache_salt``,
+  ``prompt_logprobs``, ``pooling_params``...) while they are empty,
+  and raise ``MissingInMiniVllm`` otherwise; a ``Request`` given
+  ``prompt_embeds`` with ``prompt_token_ids=None`` gets mini's placeholder
+  ids, zeros, as upstream's makes them;
 - ``SamplingMetadata`` takes upstream's fields (``spec_token_ids`` while no
   row has drafts, upstream's thinking-budget holder while it tracks no
   request: kept for the test's helpers, never read by mini) and starts with
@@ -99,7 +105,9 @@ what a test checks):
 - names mini_vllm spells otherwise: ``apply_top_k_top_p_pytorch`` is mini's
   ``apply_top_k_top_p``, ``_find_longest_matched_ngram_and_propose_tokens``
   is ``NgramProposer(...).propose_one``; upstream's ``ConstantList`` (a
-  read-only list view tests wrap lists in) stays upstream's;
+  read-only list view tests wrap lists in) and ``MultiModalKwargsItem`` (an
+  item's processed tensors; scheduler-side tests hand a dummy one) stay
+  upstream's;
 - an adapter class counts as its mini_vllm class for ``isinstance``.
 
 ``--upstream-labs 05`` (a phase of runner.LAB_FILES) grades a student:
@@ -146,6 +154,8 @@ MODULE_MAP = {
     "vllm.v1.metrics.stats": "mini_vllm.metrics.stats",
     "vllm.v1.kv_cache_interface": "mini_vllm.kv_cache_interface",
     "vllm.v1.core.kv_cache_utils": "mini_vllm.core.kv_cache_utils",
+    "vllm.v1.core.encoder_cache_manager": "mini_vllm.core.encoder_cache_manager",
+    "vllm.multimodal.inputs": "mini_vllm.multimodal.inputs",
     "vllm.v1.core.block_pool": "mini_vllm.core.block_pool",
     "vllm.v1.core.kv_cache_manager": "mini_vllm.core.kv_cache_manager",
     "vllm.v1.core.kv_cache_coordinator": "mini_vllm.core.kv_cache_coordinator",
@@ -355,7 +365,6 @@ def _redirecting_import(original):
 # ---------------------------------------------------------------- adapters
 _UNSUPPORTED_DEFAULTS = {
     "model": "facebook/opt-125m",
-    "disable_chunked_mm_input": False,
     "pipeline_parallel_size": 1,
     "use_ec_connector": False,
     "ec_role": None,
@@ -377,6 +386,7 @@ def mini_vllm_create_scheduler(
     async_scheduling: bool = False,
     num_speculative_tokens: int | None = None,
     use_kv_connector=None,
+    disable_chunked_mm_input: bool = False,
     **unsupported,
 ):
     """Upstream's ``create_scheduler`` keywords, building mini_vllm's Scheduler
@@ -413,6 +423,7 @@ def mini_vllm_create_scheduler(
         max_model_len=max_model_len,
         policy=policy,
         kv_transfer_config=_kv_transfer_config(use_kv_connector),
+        disable_chunked_mm_input=disable_chunked_mm_input,
     )
 
 
@@ -448,17 +459,22 @@ def mini_vllm_create_requests(
     same_prompt: bool = False,
     block_size: int = 16,
     req_ids: list[str] | None = None,
+    mm_hashes_list: list[list[str]] | None = None,
+    mm_positions: list | None = None,
     **unsupported,
 ):
     """Upstream's ``create_requests`` (tests/v1/core/utils.py), building mini_vllm's
     requests the same way: one shared SamplingParams, prompts ``[i] * num_tokens``,
-    arrival time now, ids ``"0"``, ``"1"``..."""
+    arrival time now, ids ``"0"``, ``"1"``...; with ``mm_positions``, one image
+    feature (no data) per placeholder range, identified by ``mm_hashes_list``
+    or ``"hash{i}_{j}"`` (Phase 13)."""
     for key, value in unsupported.items():
-        if key not in ("mm_hashes_list", "mm_positions", "prompt_logprobs"):
+        if key != "prompt_logprobs":
             raise TypeError(f"create_requests() got an unexpected keyword argument {key!r}")
         if value is not None:
             raise MissingInMiniVllm(f"mini_vllm's requests have no {key}")
     from mini_vllm.core.kv_cache_utils import get_request_block_hasher
+    from mini_vllm.multimodal.inputs import MultiModalFeatureSpec
     from mini_vllm.request import Request
     from mini_vllm.sampling_params import SamplingParams
     from mini_vllm.utils.hashing import sha256
@@ -469,15 +485,26 @@ def mini_vllm_create_requests(
     )
     params.update_from_generation_config({}, 50256)
     req_ids = req_ids or [f"{i}" for i in range(num_requests)]
-    return [
-        Request(
+    requests = []
+    for i in range(num_requests):
+        features = [
+            MultiModalFeatureSpec(
+                data=None,
+                modality="image",
+                identifier=f"hash{i}_{j}" if mm_hashes_list is None else mm_hashes_list[i][j],
+                mm_position=position,
+            )
+            for j, position in enumerate(mm_positions[i] if mm_positions else [])
+        ]
+        request = Request(
             request_id=req_ids[i],
             prompt_token_ids=[0] * num_tokens if same_prompt else [i] * num_tokens,
             sampling_params=params,
             block_hasher=block_hasher,
+            mm_features=features or None,
         )
-        for i in range(num_requests)
-    ]
+        requests.append(request)
+    return requests
 
 
 class _AdapterMeta(type):
@@ -521,9 +548,20 @@ def _spec(name: str):
 def _request():
     from mini_vllm.request import Request
 
-    return _accepting_absent_features(
-        Request, ("pooling_params", "mm_features", "cache_salt", "prompt_embeds")
-    )
+    request_cls = _accepting_absent_features(Request, ("pooling_params", "cache_salt"))
+    accepting_init = request_cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        """A prompt given as embeddings only (``prompt_token_ids=None``) gets
+        mini's placeholder ids, zeros, one a row: upstream's Request makes the
+        same zeros itself (vllm/v1/request.py:134-138)."""
+        embeds = kwargs.get("prompt_embeds")
+        if kwargs.get("prompt_token_ids", 0) is None and embeds is not None:
+            kwargs["prompt_token_ids"] = [0] * len(embeds)
+        accepting_init(self, *args, **kwargs)
+
+    request_cls.__init__ = __init__
+    return request_cls
 
 
 def _sampling_params():
@@ -737,10 +775,7 @@ def _single_type_manager(name: str):
 def _scheduler_output():
     from mini_vllm.core.sched.output import SchedulerOutput
 
-    return _accepting_absent_features(
-        SchedulerOutput,
-        ("scheduled_encoder_inputs", "free_encoder_mm_hashes"),
-    )
+    return _accepting_absent_features(SchedulerOutput, ())
 
 
 def _sampling_metadata():
@@ -793,7 +828,7 @@ def _input_batch():
 
 def _cached_request_state():
     state = module_for("vllm.v1.worker.gpu_input_batch").CachedRequestState
-    return _accepting_absent_features(state, ("pooling_params", "mm_features"))
+    return _accepting_absent_features(state, ("pooling_params",))
 
 
 def _as_if_defined_in(func, module):
@@ -965,6 +1000,11 @@ ADAPTER_FACTORIES = {
     # dispatches to it or to FlashInfer; mini has the torch one only).
     ("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_top_p_pytorch"): lambda: (
         module_for("vllm.v1.sample.ops.topk_topp_sampler").apply_top_k_top_p
+    ),
+    # The processed tensors of one item, which mini's features hold as a plain
+    # dict (or None); tests only hand a dummy one to scheduler-side features.
+    ("vllm.multimodal.inputs", "MultiModalKwargsItem"): lambda: (
+        importlib.import_module("vllm.multimodal.inputs").MultiModalKwargsItem
     ),
     # A read-only list view mini does not have; tests only wrap lists in it.
     ("vllm.v1.utils", "ConstantList"): lambda: (

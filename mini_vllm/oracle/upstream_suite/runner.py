@@ -34,6 +34,7 @@ FILES = [
     "tests/v1/core/test_scheduler.py",
     "tests/v1/core/test_prefix_caching.py",
     "tests/v1/core/test_kv_cache_utils.py",
+    "tests/v1/core/test_encoder_cache_manager.py",
     "tests/v1/core/test_single_type_kv_cache_manager.py",
     "tests/v1/core/test_kv_cache_metrics.py",
     "tests/v1/core/test_kv_sharing.py",
