@@ -129,6 +129,7 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.lora --threads 1 --prompt-len 8 --tokens 8 --repeats 2
 	$(BIN)/python -m mini_vllm.benchmarks.kv_connector
 	$(BIN)/python -m mini_vllm.benchmarks.tensor_parallel
+	$(BIN)/python -m mini_vllm.benchmarks.multimodal
 
 labs: setup
 	$(BIN)/python -m mini_vllm.grading generate
