@@ -85,3 +85,50 @@ def test_the_serve_command_answers_the_openai_client_and_stops_on_ctrl_c(tmp_pat
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_a_server_stopped_while_it_holds_blocks_prints_no_traceback(tmp_path):
+    """A prefill server (ZmqConnector) keeps a finished request's blocks for its
+    reader, so its engine-core thread goes on stepping; Ctrl-C must stop that
+    thread before the event loop closes: exit 0 and nothing after uvicorn's
+    "Shutting down" but its own INFO lines (before the fix: "Exception in
+    thread EngineCore ... RuntimeError: Event loop is closed")."""
+    import os
+    import signal
+    import socket
+    import subprocess
+
+    import httpx
+    from serve_helpers import tiny_text_model
+
+    from mini_vllm.entrypoints.disagg_proxy import server_command, wait_until_healthy
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:  # free ports (the kernel's pick, released at once)
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cmd = server_command(
+        *ports, tiny_text_model(), "--max-model-len", "256", "--kv-cache-memory-bytes",
+        str(32 << 20), policy="fail", kv_lease_duration=60.0,
+    )  # fmt: skip
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{ports[0]}"
+        wait_until_healthy(url, proc, timeout=180)
+        body = {"prompt": "The capital of France is", "max_tokens": 1}
+        body["kv_transfer_params"] = {"do_remote_decode": True}
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert response.json()["kv_transfer_params"]["remote_block_ids"]  # blocks held
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log_path.read_text()
+    after = text[text.index("Shutting down") :].splitlines()[1:]
+    assert after and all(line.startswith("INFO:") for line in after), text

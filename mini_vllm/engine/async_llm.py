@@ -105,6 +105,9 @@ class EngineCoreThread:
                 return True
             block = False
             if kind == "shutdown":
+                # Whatever still runs is aborted, so that its KV blocks go back
+                # to the pool (this engine core outlives the thread).
+                core.abort_requests(list(core.scheduler.requests))
                 return False
             if kind == "add":
                 for request in payload:
@@ -410,7 +413,12 @@ class AsyncLLM:
         return self.engine_core is None or self.engine_core.thread.is_alive()
 
     def shutdown(self) -> None:
-        """Stop the engine-core thread and the output handler (if they started)."""
+        """Stop the engine-core thread and the output handler (if they started).
+
+        Call it while the event loop still runs (the server does, on its way
+        out): the thread hands every step to the loop, and a step handed to a
+        closed loop raises "Event loop is closed" on the thread. Requests still
+        in the engine core are aborted, their blocks freed."""
         if self.engine_core is not None:
             self.engine_core.shutdown()
             self.engine_core = None

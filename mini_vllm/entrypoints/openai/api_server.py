@@ -38,6 +38,15 @@ upstream's flag, a JSON of KVTransferConfig's fields; a request's
 ``kv_transfer_params`` reach the connector and the prefill engine's answer
 carries them back (disaggregated serving: mini_vllm/entrypoints/disagg_proxy.py).
 
+Shutdown: Ctrl-C (SIGINT) or SIGTERM lets uvicorn finish the open requests;
+then the app's ``lifespan`` stops the AsyncLLM's engine-core thread while the
+event loop still runs, aborting whatever the engine core still holds, as
+upstream shuts its engine client down before the loop ends
+(``build_async_engine_client_from_engine_args``
+(vllm/entrypoints/openai/api_server.py:109) in its ``finally``, and
+``serve_http`` (vllm/entrypoints/launcher.py:26) in its ``handle_shutdown``
+(vllm/entrypoints/launcher.py:106)).
+
 Left out: API keys, CORS, loading or unloading adapters at run time,
 tokenization/embedding/score/audio routes,
 multiple API server processes, SageMaker routes, the request logger.
@@ -47,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
@@ -188,8 +198,19 @@ async def exception_handler(req: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(err.model_dump(), status_code=err.error.code)
 
 
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI):
+    """Serve; on the way out, stop the engine-core thread before the event loop
+    closes (it hands each step's outputs to this loop)."""
+    try:
+        yield
+    finally:
+        if (engine_client := getattr(app.state, "engine_client", None)) is not None:
+            engine_client.shutdown()
+
+
 def build_app(args: argparse.Namespace) -> FastAPI:
-    app = FastAPI()
+    app = FastAPI(lifespan=lifespan)
     app.state.args = args
     app.post("/v1/completions")(create_completion)
     app.post("/v1/chat/completions")(create_chat_completion)
