@@ -810,3 +810,22 @@ def test_framework_errors_are_openai_shaped(server, method, path, content, statu
     assert_openai_error(response, status)
     if status == 405:
         assert response.headers.get("allow"), "a 405 names the methods allowed"
+
+
+def test_shutdown_with_a_request_in_flight_aborts_it_and_frees_its_blocks(model_path):
+    """What the server's lifespan runs on the way out: the engine-core thread
+    stops, and the request it still held gives its KV blocks back."""
+    engine = AsyncLLM.from_model(model_path, model_name=MODEL_NAME, **ENGINE_ARGS)
+    scheduler = engine.llm_engine.engine_core.scheduler
+
+    async def stop_mid_request():
+        params = SamplingParams(max_tokens=200, ignore_eos=True)
+        stream = engine.generate(PROMPTS[0], params, "in-flight")
+        await anext(stream)  # running, its blocks held
+        assert scheduler.requests and not all_blocks_free(engine)
+        engine.shutdown()
+        await stream.aclose()
+
+    asyncio.run(stop_mid_request())
+    assert not scheduler.get_num_unfinished_requests()
+    assert all_blocks_free(engine)
