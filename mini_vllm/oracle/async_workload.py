@@ -49,6 +49,7 @@ from mini_vllm.oracle.workload import (
     _prefix_cache_stats,
     _spec_stats,
     describe_scheduler_output,
+    encoder_cache_state,
     fake_token,
     verified_tokens,
 )
@@ -131,6 +132,10 @@ def run_workload_async(backend, workload: Workload, scheduler=None) -> dict:
         if hybrid:
             # KV-cache groups: every request's block table in each group.
             record["tables"] = _group_tables(sched)
+        if workload.config.get("mm_max_tokens_per_item") is not None:
+            # Images (Phase 13): the encoder cache after this step's schedule
+            # and whatever output it took.
+            record["encoder_cache"] = encoder_cache_state(sched.encoder_cache_manager)
         record["requests"] = [
             [r.request_id, r.num_output_placeholders, r.num_computed_tokens, r.num_tokens]
             + [r.status.name]
