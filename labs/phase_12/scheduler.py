@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from mini_vllm.core.kv_cache_manager import KVCacheBlocks
 from mini_vllm.core.sched import scheduler as _reference
-from mini_vllm.core.sched.output import NewRequestData, SchedulerOutput
+from mini_vllm.core.sched.output import GrammarOutput, NewRequestData, SchedulerOutput
 from mini_vllm.core.sched.request_queue import (
     FCFSRequestQueue,
     PriorityRequestQueue,
@@ -436,28 +436,9 @@ class Scheduler(_reference.Scheduler):
 
     # BEGIN LAB 12.2: which requests get bitmask rows this step, and in what order
     # mirrors vllm/v1/core/sched/scheduler.py:1259-1281
-    # ------------------------------------------------------------ encoder inputs
-
-    # mirrors vllm/v1/core/sched/scheduler.py:1096-1257
-    def _try_schedule_encoder_inputs(
-        self,
-        request: Request,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        encoder_compute_budget: int,
-    ) -> tuple[list[int], int, int]:
-        """Which of the request's items to encode for the chunk
-        ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``.
-
-        An item is encoded when the chunk reaches its placeholders, its output
-        is neither in the KV cache already (placeholders all computed) nor in
-        the encoder cache (a hit takes a reference instead), and the encoder
-        budget and cache have room; the first item that has no room ends the
-        chunk just before its placeholders (an encoder runs a whole item: its
-        attention is bidirectional), or schedules nothing if the chunk already
-        starts inside them (a prefix-cache hit can do that).
-        Returns (item indices, num_new_tokens, encoder budget left).
-        """
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """The bitmask of the structured requests that sample this step, rows
+        in scheduled order (None when there are none)."""
         # HINT: scheduler_output.num_scheduled_tokens is in scheduled order. A request
         # HINT: still mid-prefill (is_prefill_chunk) samples nothing: no row. The
         # HINT: manager's grammar_bitmask builds the rows (drafts included).

@@ -731,8 +731,6 @@ class Scheduler(SchedulerInterface):
 
     # END LAB 12.1
 
-    # BEGIN LAB 12.2: which requests get bitmask rows this step, and in what order
-    # mirrors vllm/v1/core/sched/scheduler.py:1259-1281
     # ------------------------------------------------------------ encoder inputs
 
     # mirrors vllm/v1/core/sched/scheduler.py:1096-1257
@@ -813,6 +811,8 @@ class Scheduler(SchedulerInterface):
             if position.offset + position.length <= request.num_computed_tokens:
                 self.encoder_cache_manager.free_encoder_input(request, input_id)
 
+    # BEGIN LAB 12.2: which requests get bitmask rows this step, and in what order
+    # mirrors vllm/v1/core/sched/scheduler.py:1259-1281
     def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
         """The bitmask of the structured requests that sample this step, rows
         in scheduled order (None when there are none)."""
