@@ -38,7 +38,6 @@ from mini_vllm.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from mini_vllm.lora.request import LoRARequest
-from mini_vllm.model_executor.model_loader.tiny_llava import make_tiny_llava
 from mini_vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from mini_vllm.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
 from mini_vllm.request import Request, RequestStatus
@@ -381,3 +380,12 @@ def hf_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
                 use_cache=True,
             )
     return tokens
+
+
+def make_tiny_llava(*args, **kwargs):
+    """``model_loader.tiny_llava.make_tiny_llava``, imported on first use: it
+    pulls in transformers, which every other helper here does without (the
+    docs' examples import this module in a fresh process each)."""
+    from mini_vllm.model_executor.model_loader.tiny_llava import make_tiny_llava as make
+
+    return make(*args, **kwargs)
