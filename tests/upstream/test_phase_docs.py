@@ -351,11 +351,13 @@ def _examples() -> list[tuple[str, int, str, str]]:
 EXAMPLES = _examples()
 
 # The examples that run only in the deep tier (`make test-deep`): each costs
-# 10-60 s of a quiet core (a real model generating, or a benchmark), together
+# 10-60 s of a quiet core (a real model generating, a benchmark, or importing the
+# pinned upstream where only a probe of upstream needs it), together
 # about a third of all the examples' time. Keyed by doc and line, as the test
 # ids are; test_every_deep_example_exists fails when a doc edit moves one.
 DEEP_EXAMPLES = {
     "phases/00-foundations/00-guide.md:43",
+    "phases/03-continuous-batching-scheduler/01-deep-dive.md:466",
     "phases/06-sampling-logits-processors/00-guide.md:455",
     "phases/06-sampling-logits-processors/EXERCISES.md:218",
     "phases/08-speculative-decoding/00-guide.md:315",
