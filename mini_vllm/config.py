@@ -7,8 +7,10 @@ Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 (config/attention.py), ``SpeculativeConfig`` (config/speculative.py:74, the
 n-gram method only), ``LoRAConfig`` (config/lora.py:31), ``KVTransferConfig``
 (config/kv_transfer.py:23, the fields a connector reads), ``ParallelConfig``
-(config/parallel.py:108: tensor parallelism and the executor only) and
-``VllmConfig`` (config/vllm.py).
+(config/parallel.py:108: tensor parallelism and the executor only),
+``CUDAGraphMode`` (config/compilation.py:53), ``CompilationConfig``
+(config/compilation.py:381, its CUDA-graph fields only) and ``VllmConfig``
+(config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
 path, dtype, ``quantization``, seed, ``max_logprobs``, ``logits_processors``, ``logprobs_mode``
 and ``mm_max_tokens_per_item`` (what upstream's processor reports for a multimodal model)
@@ -23,6 +25,7 @@ limits.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from dataclasses import dataclass, field, fields
 
@@ -157,6 +160,9 @@ class ModelConfig:
     # What logprobs hold (upstream's LogprobsMode, vllm/config/model.py:98):
     # raw_logprobs (the default), raw_logits, processed_logprobs, processed_logits.
     logprobs_mode: str = "raw_logprobs"
+    # Run every step eagerly: no CUDA graphs (upstream's field,
+    # vllm/config/model.py:227; its compilation is not in mini_vllm).
+    enforce_eager: bool = False
     # A multimodal model's most encoder embeddings per item, by modality
     # ({"image": 576}); None for a text model. Upstream asks the model's
     # processor (MultiModalBudget, vllm/multimodal/encoder_budget.py:117);
@@ -235,6 +241,74 @@ class DeviceConfig:
     def verify(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}.")
+
+
+class CUDAGraphMode(enum.Enum):
+    """How the model's forward may run from CUDA graphs (upstream's enum,
+    config/compilation.py:53). NONE, PIECEWISE and FULL are also the modes a
+    single step runs in; the two tuple modes name a decode mode and a mode
+    for everything else ("mixed" batches): (decode, mixed)."""
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_DECODE_ONLY = (FULL, NONE)
+    FULL_AND_PIECEWISE = (FULL, PIECEWISE)
+
+    def separate_routine(self) -> bool:
+        """True for the tuple modes: decode batches get a mode of their own."""
+        return isinstance(self.value, tuple)
+
+    def decode_mode(self) -> CUDAGraphMode:
+        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
+
+    def mixed_mode(self) -> CUDAGraphMode:
+        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
+
+    def has_mode(self, mode: CUDAGraphMode) -> bool:
+        """Whether this mode ever runs a step in the runtime ``mode``."""
+        assert not mode.separate_routine()
+        if self.separate_routine():
+            return mode.value in self.value
+        return self == mode
+
+    @classmethod
+    def valid_runtime_modes(cls) -> frozenset[CUDAGraphMode]:
+        return frozenset({cls.NONE, cls.PIECEWISE, cls.FULL})
+
+    def __bool__(self) -> bool:
+        return self != CUDAGraphMode.NONE
+
+
+@dataclass
+class CompilationConfig:
+    """The CUDA-graph half of upstream's CompilationConfig
+    (config/compilation.py:381). Upstream's default mode is
+    FULL_AND_PIECEWISE; mini_vllm compiles nothing, so it has no piecewise
+    graphs and its default is FULL_DECODE_ONLY: full graphs of decode-only
+    batches, every other step eager. The sizes are filled in by
+    ``VllmConfig._set_cudagraph_sizes`` (upstream's, config/vllm.py:1597)."""
+
+    cudagraph_mode: CUDAGraphMode = CUDAGraphMode.FULL_DECODE_ONLY
+    # Batch sizes (in tokens) to capture; None: upstream's default list.
+    cudagraph_capture_sizes: list[int] | None = None
+    # The largest size to capture; None: min(2 * max_num_seqs * decode query
+    # length, 512), then at most max_num_batched_tokens.
+    max_cudagraph_capture_size: int | None = None
+
+    def verify(self) -> None:
+        if not isinstance(self.cudagraph_mode, CUDAGraphMode):
+            raise ValueError(
+                f"cudagraph_mode must be a CUDAGraphMode, got {self.cudagraph_mode!r}."
+            )
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None and (not sizes or any(int(n) != n or n < 1 for n in sizes)):
+            raise ValueError(
+                f"cudagraph_capture_sizes must be a non-empty list of positive ints, got {sizes!r}."
+            )
+        top = self.max_cudagraph_capture_size
+        if top is not None and top < 1:
+            raise ValueError(f"max_cudagraph_capture_size must be at least 1, got {top}.")
 
 
 @dataclass
@@ -484,6 +558,7 @@ class VllmConfig:
     lora_config: LoRAConfig | None = None
     kv_transfer_config: KVTransferConfig | None = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
 
     def __post_init__(self) -> None:
         self.model_config.verify()
@@ -494,6 +569,7 @@ class VllmConfig:
         self.scheduler_config.verify(self.model_config.max_model_len)
         self.device_config.verify()
         self.attention_config.verify()
+        self.compilation_config.verify()
         if self.speculative_config is not None:
             self.speculative_config.verify()
             # Upstream refuses the CPU n-gram drafter with async scheduling
@@ -507,6 +583,54 @@ class VllmConfig:
                     "async scheduling schedules the next step before that. Turn "
                     "one of them off."
                 )
+        if self.model_config.enforce_eager:  # no graphs at all (config/vllm.py:1233)
+            self.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+        self._set_cudagraph_sizes()
+
+    def _set_cudagraph_sizes(self) -> None:
+        """The batch sizes to capture, upstream's rule (config/vllm.py:1597):
+        given sizes are de-duplicated, sorted and cut at max_num_batched_tokens;
+        otherwise 1, 2, 4, then every 8 below 256, then every 16, up to the
+        largest size, plus max_num_batched_tokens when it fits under it.
+        Left out: the "interactivity" performance mode and sequence
+        parallelism's rounding. No graphs: no sizes, and a largest size of 0."""
+        cc = self.compilation_config
+        if self.model_config.enforce_eager or cc.cudagraph_mode == CUDAGraphMode.NONE:
+            cc.max_cudagraph_capture_size = 0
+            cc.cudagraph_capture_sizes = []
+            return
+        largest = cc.max_cudagraph_capture_size
+        if largest is None:
+            decode_query_len = 1
+            if self.speculative_config is not None:
+                decode_query_len += self.speculative_config.num_speculative_tokens
+            largest = min(self.scheduler_config.max_num_seqs * decode_query_len * 2, 512)
+        max_num_tokens = self.scheduler_config.max_num_batched_tokens
+        largest = min(max_num_tokens, largest)
+
+        if cc.cudagraph_capture_sizes is not None:
+            sizes = sorted(n for n in set(cc.cudagraph_capture_sizes) if n <= max_num_tokens)
+        else:
+            sizes = [n for n in (1, 2, 4) if n <= largest]
+            if largest >= 8:
+                sizes += range(8, min(largest + 1, 256), 8)
+            if largest >= 256:
+                sizes += range(256, largest + 1, 16)
+            if max_num_tokens <= largest:
+                sizes.append(max_num_tokens)
+            sizes = sorted(set(sizes))
+
+        # A given largest size that disagrees with the sizes is cut to them,
+        # unless both were given (then they contradict each other).
+        valid_largest = sizes[-1] if sizes else 0
+        given = cc.max_cudagraph_capture_size
+        if given is not None and given != valid_largest and cc.cudagraph_capture_sizes is not None:
+            raise ValueError(
+                f"max_cudagraph_capture_size ({given}) must equal the largest of "
+                f"cudagraph_capture_sizes ({valid_largest})."
+            )
+        cc.max_cudagraph_capture_size = valid_largest
+        cc.cudagraph_capture_sizes = sizes
 
     def verify_parallel(self) -> None:
         """Refuse what mini_vllm's tensor parallelism does not cover (upstream

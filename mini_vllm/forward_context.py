@@ -2,9 +2,11 @@
 every model's ``forward``.
 
 Mirrors upstream ``vllm/forward_context.py`` (``ForwardContext`` :129,
-``set_forward_context`` :250, ``get_forward_context`` :191) at v0.22.1. Left out: data
-parallel metadata, CUDA-graph batch descriptors, per-layer metadata dicts
-(mini_vllm's layers all share one ``AttentionMetadata``).
+``set_forward_context`` :250, ``get_forward_context`` :191) at v0.22.1, and its
+``BatchDescriptor`` (:30), the key of a CUDA graph. Left out: data parallel
+metadata, the batch descriptor and graph mode in the context (mini_vllm's runner
+replays its graphs itself), per-layer metadata dicts (mini_vllm's layers all
+share one ``AttentionMetadata``).
 
 Differs from upstream: the context carries the worker half of the KV
 connector (``kv_connector``), which upstream's attention layers find through
@@ -28,6 +30,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mini_vllm.attention.backend import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class BatchDescriptor:
+    """A padded batch's shape, the key of one CUDA graph (upstream's
+    BatchDescriptor, without LoRA's two fields)."""
+
+    num_tokens: int
+    # None: a graph that runs any number of requests (PIECEWISE).
+    num_reqs: int | None = None
+    # Every request has the same query length (a decode batch).
+    uniform: bool = False
 
 
 @dataclass
