@@ -9,8 +9,9 @@ n-gram method only), ``LoRAConfig`` (config/lora.py:31), ``KVTransferConfig``
 (config/kv_transfer.py:23, the fields a connector reads), ``ParallelConfig``
 (config/parallel.py:108: tensor parallelism and the executor only),
 ``CUDAGraphMode`` (config/compilation.py:53), ``CompilationConfig``
-(config/compilation.py:381, its CUDA-graph fields only) and ``VllmConfig``
-(config/vllm.py).
+(config/compilation.py:381, its CUDA-graph fields only), ``ProfilerConfig``
+(config/profiler.py:34: the torch profiler's switch, folder and trace
+options) and ``VllmConfig`` (config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
 path, dtype, ``quantization``, seed, ``max_logprobs``, ``logits_processors``, ``logprobs_mode``
 and ``mm_max_tokens_per_item`` (what upstream's processor reports for a multimodal model)
@@ -26,6 +27,7 @@ limits.
 from __future__ import annotations
 
 import enum
+import os
 import uuid
 from dataclasses import dataclass, field, fields
 
@@ -312,6 +314,30 @@ class CompilationConfig:
 
 
 @dataclass
+class ProfilerConfig:
+    # "torch" (the torch profiler) or None (off). Upstream also has "cuda" (nsys).
+    profiler: str | None = None
+    # Where traces go; required with "torch" (made absolute).
+    torch_profiler_dir: str = ""
+    torch_profiler_with_stack: bool = True
+    torch_profiler_use_gzip: bool = True
+    torch_profiler_record_shapes: bool = False
+
+    def verify(self) -> None:
+        """Upstream's checks (config/profiler.py:126), in its words."""
+        if self.profiler not in (None, "torch"):
+            raise ValueError(f"profiler must be 'torch' or None, got {self.profiler!r}.")
+        if self.torch_profiler_dir and self.profiler != "torch":
+            raise ValueError(
+                "torch_profiler_dir is only applicable when profiler is set to 'torch'"
+            )
+        if self.profiler == "torch" and not self.torch_profiler_dir:
+            raise ValueError("torch_profiler_dir must be set when profiler is 'torch'")
+        if self.torch_profiler_dir:
+            self.torch_profiler_dir = os.path.abspath(os.path.expanduser(self.torch_profiler_dir))
+
+
+@dataclass
 class AttentionConfig:
     # "auto" = triton on CUDA, cpu on CPU; or "cpu" / "torch" / "triton".
     backend: str = "auto"
@@ -559,9 +585,11 @@ class VllmConfig:
     kv_transfer_config: KVTransferConfig | None = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    profiler_config: ProfilerConfig = field(default_factory=ProfilerConfig)
 
     def __post_init__(self) -> None:
         self.model_config.verify()
+        self.profiler_config.verify()
         self.verify_parallel()
         if self.lora_config is not None:
             self.lora_config.verify()

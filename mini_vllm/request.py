@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from mini_vllm.engine import FinishReason
+from mini_vllm.engine import EngineCoreEvent, EngineCoreEventType, FinishReason
+from mini_vllm.metrics.stats import PrefillStats
 from mini_vllm.sampling_params import SamplingParams
 from mini_vllm.structured_output.request import StructuredOutputRequest
 
@@ -88,6 +89,10 @@ class Request:
         # True while the last schedule() left part of the prompt uncomputed.
         self.is_prefill_chunk = False
         self.num_preemptions = 0
+        # For the metrics (Phase 18): the events not yet handed out with an
+        # output, and the first prefill's token sources (None once handed out).
+        self.events: list[EngineCoreEvent] = []
+        self.prefill_stats: PrefillStats | None = PrefillStats()
         # Async scheduling (core/sched/async_scheduler.py): tokens scheduled
         # whose sampled ids are not back yet, and stale in-flight outputs to
         # drop after reset_prefix_cache preempted the request. 0 when sync.
@@ -184,6 +189,21 @@ class Request:
         return RequestStatus.get_finished_reason(self.status)
 
     # END LAB 01.1
+
+    def record_event(self, event_type: EngineCoreEventType, timestamp: float | None = None) -> None:
+        self.events.append(EngineCoreEvent.new_event(event_type, timestamp))
+
+    def take_events(self) -> list[EngineCoreEvent] | None:
+        """The events since the last call (None if there are none), then forget them."""
+        if not self.events:
+            return None
+        events, self.events = self.events, []
+        return events
+
+    def take_prefill_stats(self) -> PrefillStats | None:
+        """The first prefill's stats, once (None afterwards)."""
+        prefill_stats, self.prefill_stats = self.prefill_stats, None
+        return prefill_stats
 
     def __lt__(self, other: Request) -> bool:
         """Order used by the PRIORITY queue: priority, arrival, then id."""

@@ -31,6 +31,7 @@ from mini_vllm.engine.async_llm import (  # noqa: F401
     _delta,
     _Sent,
 )
+from mini_vllm.metrics.stats import IterationStats
 from mini_vllm.outputs import RequestOutput
 from mini_vllm.sampling_params import SamplingParams
 
@@ -56,17 +57,11 @@ class AsyncLLM(_reference.AsyncLLM):
     """The reference ``AsyncLLM`` with its Phase 16 lab methods re-opened."""
 
     def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
-        # Counted as upstream's IterationStats does: a request's prompt when its
-        # first token comes out, and every new token of a request still known.
-        num_prompt_tokens = num_generation_tokens = 0
-        for out in outputs.outputs:
-            state = self.output_processor.request_states.get(out.request_id)
-            if state is None or not out.new_token_ids:
-                continue
-            if not state.output_token_ids:
-                num_prompt_tokens += len(state.prompt_token_ids)
-            num_generation_tokens += len(out.new_token_ids)
-        processed = self.output_processor.process_outputs(outputs)
+        # The step's stats, as upstream's output handler (async_llm.py:663-705):
+        # an IterationStats when the step has outputs, recorded with the
+        # scheduler's stats after the outputs are handled.
+        iteration_stats = IterationStats() if outputs.outputs else None
+        processed = self.output_processor.process_outputs(outputs, iteration_stats)
         # BEGIN LAB 16.3: route each output to its own request's collector
         # HINT: receives processed.request_outputs (one per child request that moved);
         # HINT: leaves each in its collector. self.collectors maps a child id to
@@ -79,12 +74,7 @@ class AsyncLLM(_reference.AsyncLLM):
         # END LAB 16.3
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort)
-        self.stat_logger.record(
-            outputs.scheduler_stats,
-            num_prompt_tokens,
-            num_generation_tokens,
-            tuple(o.outputs[0].finish_reason for o in processed.request_outputs if o.finished),
-        )
+        self.stat_logger.record(outputs.scheduler_stats, iteration_stats)
 
     async def generate(
         self,

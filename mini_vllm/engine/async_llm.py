@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from mini_vllm.engine import EngineCoreOutputs
 from mini_vllm.engine.llm_engine import LLMEngine
 from mini_vllm.metrics.loggers import PrometheusStatLogger
+from mini_vllm.metrics.stats import IterationStats
 from mini_vllm.outputs import CompletionOutput, RequestOutput
 from mini_vllm.sampling_params import SamplingParams
 
@@ -200,7 +201,10 @@ class AsyncLLM:
         self.tokenizer = llm_engine.tokenizer
         self.input_processor = llm_engine.input_processor
         self.output_processor = llm_engine.output_processor
-        self.stat_logger = PrometheusStatLogger(model_name)
+        # Stats on, as upstream's AsyncLLM (log_stats): every request added
+        # from now on keeps its timestamps for the metrics.
+        self.output_processor.log_stats = True
+        self.stat_logger = PrometheusStatLogger(self.vllm_config, model_name)
         self.collectors: dict[str, tuple[RequestOutputCollector, int]] = {}  # child id ->
         self.engine_core: EngineCoreThread | None = None
         self.output_handler: asyncio.Task | None = None
@@ -250,17 +254,11 @@ class AsyncLLM:
                 entry[0].put_error(EngineGenerateError(message))
 
     def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
-        # Counted as upstream's IterationStats does: a request's prompt when its
-        # first token comes out, and every new token of a request still known.
-        num_prompt_tokens = num_generation_tokens = 0
-        for out in outputs.outputs:
-            state = self.output_processor.request_states.get(out.request_id)
-            if state is None or not out.new_token_ids:
-                continue
-            if not state.output_token_ids:
-                num_prompt_tokens += len(state.prompt_token_ids)
-            num_generation_tokens += len(out.new_token_ids)
-        processed = self.output_processor.process_outputs(outputs)
+        # The step's stats, as upstream's output handler (async_llm.py:663-705):
+        # an IterationStats when the step has outputs, recorded with the
+        # scheduler's stats after the outputs are handled.
+        iteration_stats = IterationStats() if outputs.outputs else None
+        processed = self.output_processor.process_outputs(outputs, iteration_stats)
         # BEGIN LAB 16.3: route each output to its own request's collector
         # HINT: receives processed.request_outputs (one per child request that moved);
         # HINT: leaves each in its collector. self.collectors maps a child id to
@@ -274,12 +272,7 @@ class AsyncLLM:
         # END LAB 16.3
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort)
-        self.stat_logger.record(
-            outputs.scheduler_stats,
-            num_prompt_tokens,
-            num_generation_tokens,
-            tuple(o.outputs[0].finish_reason for o in processed.request_outputs if o.finished),
-        )
+        self.stat_logger.record(outputs.scheduler_stats, iteration_stats)
 
     def add_request(
         self,

@@ -134,6 +134,7 @@ class EngineCore:
             structured_output_manager=self.structured_output_manager,
             **scheduler_kwargs,
         )
+        self.profiler = None  # TorchProfilerWrapper, built by the first profile()
         # Running totals for reports and tests.
         self.num_steps = 0
         self.num_preemptions = 0
@@ -258,6 +259,32 @@ class EngineCore:
         outputs = self.step()
         self.post_step()
         return outputs
+
+    # mirrors vllm/v1/worker/gpu_worker.py:874-930 (Worker.profile)
+    def profile(self, is_start: bool = True, profile_prefix: str | None = None) -> None:
+        """Start or stop the torch profiler around the steps that follow
+        (``LLM.start_profile`` / ``stop_profile``); stopping writes the trace.
+        Upstream runs this in each worker; mini_vllm's one worker is here,
+        named as upstream names rank 0 (``<prefix>_dp0_pp0_tp0_dcp0_ep0_rank0``)."""
+        config = self.vllm_config.profiler_config
+        if config.profiler is None:
+            raise RuntimeError(
+                "Profiling is not enabled. Please set profiler_config to enable profiling, "
+                "e.g. LLM(..., profiler_config={'profiler': 'torch', "
+                "'torch_profiler_dir': YOUR_DIR_PATH_TO_DUMP_TRACE})"
+            )
+        if self.model_executor is not None:
+            raise RuntimeError("mini_vllm profiles one process only (tensor_parallel_size=1).")
+        if is_start:
+            if self.profiler is None:  # the first start names the trace
+                from mini_vllm.profiler.wrapper import TorchProfilerWrapper
+
+                suffix = "dp0_pp0_tp0_dcp0_ep0_rank0"
+                name = f"{profile_prefix}_{suffix}" if profile_prefix else suffix
+                self.profiler = TorchProfilerWrapper(config, worker_name=name)
+            self.profiler.start()
+        elif self.profiler is not None:
+            self.profiler.stop()
 
     def post_step(self) -> None:
         """With speculation, hand the drafts the runner proposed after this

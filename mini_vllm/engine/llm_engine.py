@@ -264,6 +264,14 @@ class LLMEngine:
         total.preempted_queries += new.preempted_queries
         total.preempted_hits += new.preempted_hits
 
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Start the torch profiler (llm_engine.py:327); needs a ProfilerConfig."""
+        self.engine_core.profile(True, profile_prefix)
+
+    def stop_profile(self) -> None:
+        """Stop it and write the trace."""
+        self.engine_core.profile(False)
+
     def get_stats(self) -> dict:
         """Totals since start: steps, preemptions, tokens, prefix-cache hits,
         drafts (verified drafts, their tokens, accepted tokens, accepted per

@@ -39,6 +39,7 @@ from mini_vllm.config import (
     LoRAConfig,
     ModelConfig,
     ParallelConfig,
+    ProfilerConfig,
     SchedulerConfig,
     SpeculativeConfig,
     VllmConfig,
@@ -108,6 +109,7 @@ class LLM:
         tensor_parallel_size: int = 1,
         distributed_executor_backend: str | None = None,
         enable_prompt_embeds: bool = False,
+        profiler_config: dict | None = None,
     ) -> None:
         from mini_vllm.model_executor.layers.quantization import verify_quantization
         from mini_vllm.model_executor.model_loader import find_checkpoint, load_model
@@ -116,6 +118,9 @@ class LLM:
         verify_logprobs_mode(logprobs_mode)
         verify_quantization(quantization)
         CacheConfig(cache_dtype=kv_cache_dtype).verify()
+        # e.g. {"profiler": "torch", "torch_profiler_dir": "/tmp/traces"}, as upstream's.
+        profiler = ProfilerConfig(**(profiler_config or {}))
+        profiler.verify()
         parallel_config = ParallelConfig(tensor_parallel_size, distributed_executor_backend)
         lora_config = None
         if enable_lora:  # upstream's EngineArgs: a LoRAConfig only with enable_lora
@@ -194,10 +199,20 @@ class LLM:
             kv_transfer_config=kv_config,
             lora_config=lora_config,
             parallel_config=parallel_config,
+            profiler_config=profiler,
         )
         self.llm_engine = LLMEngine(config, loaded)
         self.request_counter = itertools.count()
         self._generate_lock = threading.Lock()
+
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Record every torch op of the steps that follow, until ``stop_profile``
+        writes the Chrome trace under ``profiler_config``'s ``torch_profiler_dir``
+        (upstream: entrypoints/llm.py:786). ``profile_prefix`` starts the file's name."""
+        self.llm_engine.start_profile(profile_prefix)
+
+    def stop_profile(self) -> None:
+        self.llm_engine.stop_profile()
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer

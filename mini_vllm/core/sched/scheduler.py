@@ -47,6 +47,7 @@ Invariants kept:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from mini_vllm.config import VllmConfig
@@ -71,7 +72,12 @@ from mini_vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
 )
-from mini_vllm.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from mini_vllm.engine import (
+    EngineCoreEventType,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    FinishReason,
+)
 from mini_vllm.kv_cache_interface import KVCacheConfig
 from mini_vllm.metrics.stats import SchedulerStats
 from mini_vllm.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
@@ -227,6 +233,8 @@ class Scheduler(SchedulerInterface):
         # encoder embeddings this step may still compute.
         scheduled_encoder_inputs: dict[str, list[int]] = {}
         encoder_compute_budget = self.max_num_encoder_input_tokens
+        # The time of this step's SCHEDULED and PREEMPTED events (scheduler.py:360).
+        scheduled_timestamp = time.monotonic()
 
         # Phase 1: the RUNNING requests, in order.
         # (mirrors vllm/v1/core/sched/scheduler.py:366-499)
@@ -475,6 +483,14 @@ class Scheduler(SchedulerInterface):
                     num_computed_tokens += num_external_computed_tokens
                 # END LAB 15.1
                 assert num_computed_tokens <= request.num_tokens
+                # Its first prefill's tokens by source, until its first output
+                # hands them out (mirrors vllm/v1/core/sched/scheduler.py:626-632).
+                if request.prefill_stats is not None:
+                    request.prefill_stats.set(
+                        request.num_prompt_tokens,
+                        num_new_local_computed_tokens,
+                        num_external_computed_tokens,
+                    )
             else:
                 # Its KV arrived asynchronously: num_computed_tokens says how
                 # much (scheduler.py:635-639), and its blocks are held already.
@@ -592,6 +608,8 @@ class Scheduler(SchedulerInterface):
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed_tokens
             # END LAB 03.1
+            if self.log_stats:  # (mirrors vllm/v1/core/sched/scheduler.py:785-788)
+                request.record_event(EngineCoreEventType.SCHEDULED, scheduled_timestamp)
             if encoder_inputs_to_schedule:
                 scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
                 for i in encoder_inputs_to_schedule:
@@ -605,6 +623,10 @@ class Scheduler(SchedulerInterface):
         if step_skipped_waiting:
             self.skipped_waiting.prepend_requests(step_skipped_waiting)
         # END LAB 12.1
+
+        if self.log_stats:  # upstream records it in _preempt_request (scheduler.py:945)
+            for request in preempted_reqs:
+                request.record_event(EngineCoreEventType.PREEMPTED, scheduled_timestamp)
 
         # mirrors vllm/v1/core/sched/scheduler.py:826-921
         total_num_scheduled_tokens = sum(num_scheduled_tokens.values())
@@ -1031,6 +1053,8 @@ class Scheduler(SchedulerInterface):
                         stop_reason=request.stop_reason,
                         new_logprobs=new_logprobs,
                         kv_transfer_params=self.finished_kv_transfer_params.pop(req_id, None),
+                        events=request.take_events(),
+                        prefill_stats=request.take_prefill_stats(),
                     )
                 )
 
@@ -1054,7 +1078,10 @@ class Scheduler(SchedulerInterface):
             for request in requests:
                 outputs.append(
                     EngineCoreOutput(
-                        request.request_id, [], finish_reason=request.get_finished_reason()
+                        request.request_id,
+                        [],
+                        finish_reason=request.get_finished_reason(),
+                        events=request.take_events(),
                     )
                 )
 
@@ -1148,6 +1175,8 @@ class Scheduler(SchedulerInterface):
         self.requests[request.request_id] = request
         if self.connector is not None:
             self.connector.on_new_request(request)
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.QUEUED)
 
     def _check_encoder_inputs_fit(self, request: Request) -> None:
         """A ValueError for an item the encoder could never take: more
@@ -1457,7 +1486,8 @@ class Scheduler(SchedulerInterface):
             return None
         return SchedulerStats(
             num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting) + len(self.skipped_waiting),
+            num_waiting_reqs=len(self.waiting),
+            num_skipped_waiting_reqs=len(self.skipped_waiting),
             kv_cache_usage=self.kv_cache_manager.usage,
             prefix_cache_stats=self.kv_cache_manager.make_prefix_cache_stats(),
             spec_decoding_stats=spec_decoding_stats,
@@ -1489,7 +1519,10 @@ class Scheduler(SchedulerInterface):
         """
         if reset_running_requests:
             while self.running:
-                self._preempt_request(self.running.pop())
+                request = self.running.pop()
+                self._preempt_request(request)
+                if self.log_stats:
+                    request.record_event(EngineCoreEventType.PREEMPTED)
             # They were not scheduled by this step any more.
             self.prev_step_scheduled_req_ids.clear()
         return self.kv_cache_manager.reset_prefix_cache()
