@@ -23,10 +23,17 @@ class KVConnectorOutput:
     # Externally loaded blocks that failed: their tokens must be recomputed
     # (or the request failed, by kv_load_failure_policy).
     invalid_block_ids: set[int] = field(default_factory=set)
+    # mini only: get_finished raised this step, so nothing above says which
+    # transfers ended (upstream's engine dies instead). The scheduler gives
+    # up on a transfer after MAX_GET_FINISHED_FAILURES such steps in a row.
+    get_finished_failed: bool = False
 
     def is_empty(self) -> bool:
         return (
-            not self.finished_sending and not self.finished_recving and not self.invalid_block_ids
+            not self.finished_sending
+            and not self.finished_recving
+            and not self.invalid_block_ids
+            and not self.get_finished_failed
         )
 
 

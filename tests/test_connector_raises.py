@@ -25,6 +25,7 @@ import threading
 
 import pytest
 
+from mini_vllm.core.sched.scheduler import Scheduler
 from mini_vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
     ExampleConnector,
     ExampleConnectorMetadata,
@@ -79,6 +80,14 @@ class AsyncSaveConnector(ExampleConnector):
         return set(finished_req_ids), None
 
 
+class DeadAsyncSaveConnector(AsyncSaveConnector):
+    """Its saves are asynchronous (request_finished holds the blocks) and its
+    get_finished raises on every call: no send is ever reported."""
+
+    def get_finished(self, finished_req_ids):
+        raise ConnectionError("the connector's worker is gone")
+
+
 class SaveRaisingConnector(ExampleConnector):
     """ExampleConnector whose save_kv_layer raises (each layer, each step)."""
 
@@ -126,6 +135,36 @@ class RecvRaisingZmqConnector(ZmqConnector):
         if self.calls <= 3:
             raise ConnectionError("the peer did not answer")
         return super().get_finished(finished_req_ids)
+
+
+class DeadGetFinishedZmqConnector(ZmqConnector):
+    """ZmqConnector whose get_finished raises on every call: the reads it
+    makes are never reported."""
+
+    def get_finished(self, finished_req_ids):
+        raise ConnectionError("the connector's worker is gone")
+
+
+class LateGetFinishedZmqConnector(ZmqConnector):
+    """ZmqConnector whose get_finished raises MAX_GET_FINISHED_FAILURES
+    times, then waits for its read and reports it: one step after the
+    scheduler gave the load up."""
+
+    calls = 0
+    reported: set[str] = set()
+
+    def get_finished(self, finished_req_ids):
+        self.calls += 1
+        if self.calls <= Scheduler.MAX_GET_FINISHED_FAILURES:
+            raise ConnectionError("the peer did not answer")
+        if self.calls == Scheduler.MAX_GET_FINISHED_FAILURES + 1:
+            # The read is done by now (or soon): wait for it, then let the
+            # real get_finished take it from the queue and report it.
+            item = self.connector_worker._done_recving.get(timeout=10.0)
+            self.connector_worker._done_recving.put(item)
+        sending, recving = super().get_finished(finished_req_ids)
+        self.reported = self.reported | recving
+        return sending, recving
 
 
 @pytest.fixture(scope="module")
@@ -194,11 +233,11 @@ def test_a_raising_load_fails_or_recomputes_its_request_alone(
     assert tokens(again) == fresh[1]
 
 
-def drain(llm) -> None:
+def drain(llm, max_steps: int = 4) -> None:
     """Step the engine while finished requests still hold blocks (generate
     returns when the last output is out, before a send is reported)."""
     core = llm.llm_engine.engine_core
-    for _ in range(4):
+    for _ in range(max_steps):
         if not core.scheduler.has_finished_requests():
             return
         core.step()
@@ -239,7 +278,27 @@ def test_a_raising_save_or_get_finished_loses_nothing_but_the_save(
     assert pool.get_num_free_blocks() == total
 
 
-def zmq_llm(path: str, name: str) -> LLM:
+def test_a_get_finished_that_always_raises_frees_the_blocks_held_for_sends(
+    tiny_llama, fresh, tmp_path
+):
+    """Finished requests whose blocks request_finished holds for a send that
+    get_finished never reports: after MAX_GET_FINISHED_FAILURES steps the
+    scheduler gives the sends up and frees the blocks; the tokens are one
+    engine's and the engine serves on."""
+    llm = make_llm(tiny_llama, str(tmp_path / "kv"), "DeadAsyncSaveConnector")
+    pool = llm.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+    total = pool.get_num_free_blocks()
+    outs = llm.generate([{"prompt_token_ids": p} for p in (PROMPT, OTHER)], PARAMS)
+    assert [tokens(o) for o in outs] == fresh
+    drain(llm, max_steps=100)
+    assert pool.get_num_free_blocks() == total, "blocks held for a send never reported"
+    (again,) = llm.generate([{"prompt_token_ids": OTHER}], PARAMS)
+    drain(llm, max_steps=100)
+    assert tokens(again) == fresh[1]
+    assert pool.get_num_free_blocks() == total
+
+
+def zmq_llm(path: str, name: str, policy: str = "fail") -> LLM:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -247,6 +306,7 @@ def zmq_llm(path: str, name: str) -> LLM:
     kv_transfer_config = {
         "kv_connector": name,
         "kv_role": "kv_both",
+        "kv_load_failure_policy": policy,
         "kv_connector_extra_config": extra,
     }
     if name != "ZmqConnector":
@@ -298,3 +358,86 @@ def test_a_raising_get_finished_leaves_a_receiving_request_waiting_for_the_next_
     assert d_llm.llm_engine.engine_core.model_runner.kv_connector.calls > 3
     assert d_llm.llm_engine.get_stats()["num_scheduled_tokens"] == N  # it did read
     assert d_pool.get_num_free_blocks() == d_total
+
+
+def run_bounded(llm: LLM, requests: dict[str, tuple[list[int], SamplingParams]], max_steps=100):
+    """Add the requests and step the engine until they end or max_steps
+    steps have run; the finished outputs by request id."""
+    engine = llm.llm_engine
+    for req_id, (prompt, params) in requests.items():
+        engine.add_request(req_id, {"prompt_token_ids": prompt}, params)
+    finished = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            break
+        finished.update((o.request_id, o) for o in engine.step() if o.finished)
+    return finished
+
+
+def prefill_remotely(path: str) -> tuple[SamplingParams, threading.Thread]:
+    """Prefill PROMPT on a ZmqConnector prefill engine; the decode side's
+    SamplingParams, and the thread that steps the prefill engine until a
+    read frees its blocks."""
+    p_llm = zmq_llm(path, "ZmqConnector")
+    first = SamplingParams(
+        max_tokens=1, extra_args={"kv_transfer_params": {"do_remote_decode": True}}
+    )
+    (out,) = p_llm.generate([{"prompt_token_ids": PROMPT}], first)
+    p_core = p_llm.llm_engine.engine_core
+
+    def pump() -> None:
+        while p_core.scheduler.has_requests():
+            p_core.step()
+
+    pump_thread = threading.Thread(target=pump, daemon=True)
+    pump_thread.start()
+    decode = SamplingParams(
+        max_tokens=N,
+        temperature=0.0,
+        ignore_eos=True,
+        extra_args={"kv_transfer_params": out.kv_transfer_params},
+    )
+    return decode, pump_thread
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+@pytest.mark.parametrize("name", ["DeadGetFinishedZmqConnector", "LateGetFinishedZmqConnector"])
+def test_a_get_finished_that_keeps_raising_ends_the_waiting_load(
+    tiny_llama, fresh, caplog, policy, name
+):
+    """The decode side of a ZmqConnector pair whose get_finished raises on
+    every step (or recovers one step too late, and reports the read then):
+    the request waiting for its read is given up after
+    MAX_GET_FINISHED_FAILURES steps, as a failed load. "recompute": it runs
+    again from its prompt, with one engine's tokens; "fail": it ends with
+    "error" alone. A late report is dropped. The other request finishes, no
+    block leaks, and the engine serves on."""
+    d_llm = zmq_llm(tiny_llama, name, policy)
+    d_pool = d_llm.llm_engine.engine_core.scheduler.kv_cache_manager.block_pool
+    d_total = d_pool.get_num_free_blocks()
+    decode, pump_thread = prefill_remotely(tiny_llama)
+    with caplog.at_level("ERROR", logger="mini_vllm.core.sched.scheduler"):
+        outs = run_bounded(d_llm, {"remote": (PROMPT, decode), "local": (OTHER, PARAMS)})
+    assert set(outs) == {"remote", "local"}, (
+        f"after 100 steps, {sorted({'remote', 'local'} - set(outs))} still unfinished: "
+        "a load whose get_finished keeps raising must end"
+    )
+    assert tokens(outs["local"]) == fresh[1]
+    assert outs["local"].outputs[0].finish_reason == "length"
+    if policy == "recompute":
+        assert tokens(outs["remote"]) == fresh[0]
+        assert outs["remote"].outputs[0].finish_reason == "length"
+    else:
+        assert outs["remote"].outputs[0].finish_reason == "error"
+        assert not tokens(outs["remote"])
+    assert any("remote" in r.getMessage() for r in caplog.records)
+    assert d_pool.get_num_free_blocks() == d_total
+    pump_thread.join(10.0)
+    assert not pump_thread.is_alive(), "the prefill engine still holds blocks"
+    # The engine goes on serving.
+    again = run_bounded(d_llm, {"again": (OTHER, PARAMS)})
+    assert tokens(again["again"]) == fresh[1]
+    assert d_pool.get_num_free_blocks() == d_total
+    if name == "LateGetFinishedZmqConnector":
+        connector = d_llm.llm_engine.engine_core.model_runner.kv_connector
+        assert connector.reported == {"remote"}, "the late report never came"

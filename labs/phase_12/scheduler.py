@@ -477,6 +477,9 @@ class Scheduler(_reference.Scheduler):
         stopped_running_reqs: set[Request] = set()
         spec_decoding_stats: SpecDecodingStats | None = None
         kv_connector_output = model_runner_output.kv_connector_output
+        # mini only: transfers a get_finished that keeps raising never reports.
+        if kv_connector_output is not None:
+            kv_connector_output = self._give_up_on_kv_transfers(kv_connector_output)
 
         # Blocks whose external KV failed to load: their requests go back to
         # the last good block (mirrors vllm/v1/core/sched/scheduler.py:1311-1319).

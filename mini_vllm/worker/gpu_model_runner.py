@@ -872,9 +872,12 @@ class GPUModelRunner:
         (save_kv_layer, wait_for_save): the save is lost; those requests go
         on (their KV here is intact), and once finished they are reported in
         finished_sending, so blocks held for that save are freed. get_finished:
-        nothing finishes this step; it is called again next step."""
+        nothing finishes this step; it is called again next step, and the
+        scheduler is told (``get_finished_failed``), so that it can give up
+        on the transfers it waits for if the calls keep raising."""
         for name, e in errors.items():
             logger.error("KV connector %s raised (%s: %s)", name, type(e).__name__, e)
+        output.get_finished_failed = "get_finished" in errors
         if errors.keys() & {"start_load_kv", "wait_for_layer_load"}:
             output.invalid_block_ids |= self._blocks_started_from(scheduler_output)
         if errors.keys() & {"save_kv_layer", "wait_for_save"}:

@@ -41,11 +41,15 @@ Invariants kept:
   never exceed ``max_num_encoder_input_tokens``;
 - a finished request whose KV the connector is still saving keeps its
   blocks (and its place in ``self.requests``) until the workers report the
-  save done in ``finished_sending``.
+  save done in ``finished_sending``;
+- no KV transfer is awaited forever: when the workers' ``get_finished``
+  keeps raising, a load ends as a failed load and a held finished request
+  is freed (mini only: ``_give_up_on_kv_transfers``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable
@@ -89,6 +93,13 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler(SchedulerInterface):
+    # mini only (Phase 15): how many steps in a row a worker's get_finished
+    # may raise while a KV transfer is awaited before the scheduler gives that
+    # transfer up (_give_up_on_kv_transfers). A few steps of grace for a
+    # connector that recovers; the number is mini's own (upstream's engine
+    # dies on the first raise).
+    MAX_GET_FINISHED_FAILURES = 8
+
     def __init__(
         self,
         vllm_config: VllmConfig,
@@ -180,6 +191,11 @@ class Scheduler(SchedulerInterface):
         # failed ones among them have lost some of their loaded tokens.
         self.finished_recving_kv_req_ids: set[str] = set()
         self.failed_recving_kv_req_ids: set[str] = set()
+        # mini only: while get_finished keeps raising, the steps in a row each
+        # awaited transfer has seen it raise; the transfers given up on, whose
+        # late reports are dropped (_give_up_on_kv_transfers).
+        self.num_get_finished_failures: dict[str, int] = {}
+        self.given_up_kv_req_ids: set[str] = set()
         # P/D: what request_finished returned for a request that stopped this
         # step, for its EngineCoreOutput. Upstream's _free_request returns it
         # (scheduler.py:1480); kept beside here so Lab 03.5's code is unchanged.
@@ -960,6 +976,9 @@ class Scheduler(SchedulerInterface):
         stopped_running_reqs: set[Request] = set()
         spec_decoding_stats: SpecDecodingStats | None = None
         kv_connector_output = model_runner_output.kv_connector_output
+        # mini only: transfers a get_finished that keeps raising never reports.
+        if kv_connector_output is not None:
+            kv_connector_output = self._give_up_on_kv_transfers(kv_connector_output)
 
         # Blocks whose external KV failed to load: their requests go back to
         # the last good block (mirrors vllm/v1/core/sched/scheduler.py:1311-1319).
@@ -1478,6 +1497,67 @@ class Scheduler(SchedulerInterface):
         )
         self.failed_recving_kv_req_ids |= async_failed_req_ids
         return sync_failed_req_ids
+
+    def _give_up_on_kv_transfers(self, output: KVConnectorOutput) -> KVConnectorOutput:
+        """mini only: the workers' report, with the transfers that a raising
+        get_finished has left hanging ended as failures the rest of
+        update_from_output already handles.
+
+        A transfer is awaited by a request in WAITING_FOR_REMOTE_KVS (its
+        load) or by a finished request whose blocks are held (a save or send,
+        or a load it was aborted in). Once get_finished has raised
+        MAX_GET_FINISHED_FAILURES steps in a row while a transfer was
+        awaited, that transfer is given up: a load ends in finished_recving
+        with the blocks it was filling in invalid_block_ids, so the request
+        is recomputed or fails alone by kv_load_failure_policy; a finished
+        request ends in finished_sending, so its blocks are freed. A call
+        that does not raise resets the count. A report that comes after
+        (the connector recovered) is dropped for those requests."""
+        sending = set(output.finished_sending or ())
+        recving = set(output.finished_recving or ())
+        late = self.given_up_kv_req_ids & (sending | recving)
+        self.given_up_kv_req_ids -= late
+        sending -= late
+        recving -= late
+        invalid_block_ids = set(output.invalid_block_ids)
+        counts: dict[str, int] = {}
+        if output.get_finished_failed:
+            for req_id, request in self.requests.items():
+                loading = request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                if req_id in self.finished_recving_kv_req_ids or not (
+                    loading or request.is_finished()
+                ):
+                    continue  # nothing awaited
+                count = self.num_get_finished_failures.get(req_id, 0) + 1
+                if count < self.MAX_GET_FINISHED_FAILURES:
+                    counts[req_id] = count
+                    continue
+                logger.error(
+                    "Request %s: giving up its KV transfer, get_finished raised %d steps in a row.",
+                    req_id,
+                    count,
+                )
+                self.given_up_kv_req_ids.add(req_id)
+                if loading:
+                    recving.add(req_id)
+                    invalid_block_ids |= self._loading_block_ids(request)
+                else:
+                    sending.add(req_id)
+        self.num_get_finished_failures = counts
+        return dataclasses.replace(
+            output,
+            finished_sending=sending or None,
+            finished_recving=recving or None,
+            invalid_block_ids=invalid_block_ids,
+        )
+
+    def _loading_block_ids(self, request: Request) -> set[int]:
+        """The blocks an asynchronous load fills: those holding its computed
+        tokens that are not in the prefix cache (a load's blocks are cached
+        only once it ends; a local hit's blocks already are)."""
+        (blocks,) = self.kv_cache_manager.get_blocks(request.request_id).blocks
+        num_blocks = -(-request.num_computed_tokens // self.block_size)
+        return {block.block_id for block in blocks[:num_blocks] if block.block_hash is None}
 
     def make_stats(
         self, spec_decoding_stats: SpecDecodingStats | None = None
