@@ -13,7 +13,9 @@ finished request whose blocks ``request_finished`` held for that save is
 reported in ``finished_sending`` so they are freed. ``get_finished``: nothing
 finishes that step; the finished ids it was given are passed again next step,
 and a request waiting for a read (ZmqConnector's decode side) is promoted when
-a later call reports it. Either way the engine serves the next request and no
+a later call reports it; if the calls keep raising, the scheduler gives the
+transfers it awaits up after ``Scheduler.MAX_GET_FINISHED_FAILURES`` steps (a
+load as a failed load, a held send as sent). Either way the engine serves the next request and no
 block stays allocated. The connectors are ExampleConnector (storage) and ZmqConnector subclasses
 loaded through ``kv_connector_module_path``.
 """
