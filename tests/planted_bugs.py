@@ -448,6 +448,43 @@ PLANTS = [
         "",
         "a request's drafts do not push the later requests' logits rows down",
     ),
+    # ---- Phase 13: multimodal inputs and the encoder budget
+    # issue 36: "a prefill chunk stopping before an image it cannot afford"
+    Plant(
+        "13",
+        "mini_vllm/core/sched/scheduler.py",
+        "                if num_computed_tokens < start_pos:\n"
+        "                    num_new_tokens = start_pos - num_computed_tokens\n"
+        "                else:\n"
+        "                    num_new_tokens = 0\n"
+        "                break\n",
+        "                break\n",
+        "a chunk runs on into an image the encoder budget cannot take, unencoded",
+    ),
+    # issue 36: "entries freed when consumed" (Lab 13.1's HINT: all placeholders computed)
+    Plant(
+        "13",
+        "mini_vllm/core/sched/scheduler.py",
+        "if position.offset + position.length <= request.num_computed_tokens:",
+        "if position.offset < request.num_computed_tokens:",
+        "an image is released once its first placeholder is computed, not its last",
+    ),
+    # Lab 13.2's HINT: "Evict from the front of self.freeable (oldest first)"
+    Plant(
+        "13",
+        "mini_vllm/core/encoder_cache_manager.py",
+        "self.freeable.popitem(last=False)",
+        "self.freeable.popitem()",
+        "the encoder cache evicts its newest unreferenced entry first",
+    ),
+    # Lab 13.3's HINT: "With an is_embed mask, only its True positions take rows"
+    Plant(
+        "13",
+        "mini_vllm/worker/gpu_model_runner.py",
+        "                if pos_info.is_embed is None:\n",
+        "                if True:\n",
+        "the step's mask marks every placeholder, ignoring the is_embed mask",
+    ),
     # ---- Phase 14: async scheduling
     # stop 26 (issue 14): "prefill chunk gets a placeholder"
     Plant(

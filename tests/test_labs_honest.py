@@ -24,7 +24,7 @@ What runs once per phase, not three times (CI's time; each saving below
 says which run keeps the proof):
 
 - the line of upstream's own unit tests (information, not points; the
-  phases in the upstream suite's ``LAB_FILES``: 02, 03, 05, 06, 07, 08, 12,
+  phases in the upstream suite's ``LAB_FILES``: 02, 03, 05, 06, 07, 08, 12, 13,
   14 and 15) runs on the starters and on the solved copy, where its count is
   checked: all pass on the solved copy, not all on the starters (so it
   grades the student's code, not the reference's). The reference's run
@@ -47,6 +47,11 @@ says which run keeps the proof):
   the solved copy only, for the same reason; the reference engine's
   constrained tokens are proven against transformers' by
   tests/test_structured_output.py.
+- Lab 13.4 (a tiny seeded LLaVA through an engine built from every Phase
+  13 piece, greedy tokens equal to transformers', batched with text and
+  with chunks cutting through images) runs on the solved copy only, for the
+  same reason; the reference engine's multimodal tokens are proven against
+  transformers' by tests/test_llava_model.py.
 - Lab 10.4 (SmolLM2 loaded four ways through every Phase 10 piece, against
   float32 by the formats' bounds) runs on the solved copy only, for the
   same reason; the reference's quantized runs are proven by
@@ -94,6 +99,7 @@ SOLVED_COPY_ONLY = {
     "10": "10.4",
     "11": "11.4",
     "12": "12.4",
+    "13": "13.4",
     "15": "15.4",
 }
 

@@ -155,8 +155,8 @@ class Scheduler(_reference.Scheduler):
             # entries (mirrors vllm/v1/core/sched/scheduler.py:520-527).
             if encoder_inputs_to_schedule:
                 scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
-                for i in encoder_inputs_to_schedule:
-                    self.encoder_cache_manager.allocate(request, i)
+                for item in encoder_inputs_to_schedule:
+                    self.encoder_cache_manager.allocate(request, item)
                 encoder_compute_budget = new_encoder_compute_budget
 
         # Phase 2: admit WAITING requests in queue order while three gates
@@ -336,8 +336,8 @@ class Scheduler(_reference.Scheduler):
                 request.record_event(EngineCoreEventType.SCHEDULED, scheduled_timestamp)
             if encoder_inputs_to_schedule:
                 scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
-                for i in encoder_inputs_to_schedule:
-                    self.encoder_cache_manager.allocate(request, i)
+                for input_id in encoder_inputs_to_schedule:
+                    self.encoder_cache_manager.allocate(request, input_id)
                 encoder_compute_budget = new_encoder_compute_budget
 
         # Skipped this step: back ahead of the older skipped ones (scheduler.py:822).

@@ -52,9 +52,13 @@ class EncoderCacheManager:
         self.num_free_slots = self.cache_size
         self.num_freeable_slots = self.cache_size
 
+    # BEGIN LAB 13.2: a cache hit: the request now references the entry
     def check_and_update_cache(self, request: Request, input_id: int) -> bool:
         """Whether item ``input_id``'s encoder output is cached; if so, the
         request now references it (an unreferenced entry stops being freeable)."""
+        # HINT: the key is request.mm_features[input_id].identifier. self.cached maps it
+        # HINT: to the ids of the requests referencing it; an empty set means unreferenced:
+        # HINT: the entry is in self.freeable and its embeddings count in num_freeable_slots.
         mm_hash = request.mm_features[input_id].identifier
         if mm_hash not in self.cached:
             return False
@@ -63,6 +67,9 @@ class EncoderCacheManager:
         self.cached[mm_hash].add(request.request_id)
         return True
 
+    # END LAB 13.2
+
+    # BEGIN LAB 13.2: room in the budget and the cache, evicting unreferenced entries
     def can_allocate(
         self,
         request: Request,
@@ -77,6 +84,9 @@ class EncoderCacheManager:
         free plus freeable slots. When free slots alone are short, the oldest
         unreferenced entries are evicted (into ``freed``) until they suffice.
         """
+        # HINT: request.get_num_encoder_embeds(input_id) is the item's size. Evict from the
+        # HINT: front of self.freeable (oldest first): drop the entry from self.cached, note
+        # HINT: its hash in self.freed, give its embeddings back to num_free_slots.
         num_embeds = request.get_num_encoder_embeds(input_id)
         if num_embeds > encoder_compute_budget:
             return False
@@ -92,9 +102,13 @@ class EncoderCacheManager:
             self.num_free_slots += num_evicted
         return True
 
+    # END LAB 13.2
+
+    # BEGIN LAB 13.2: reserve an entry for an item about to be encoded
     def allocate(self, request: Request, input_id: int) -> None:
         """Reserve room for item ``input_id``'s output, referenced by the request
         (after ``can_allocate`` said yes)."""
+        # HINT: the entry is referenced at once; it takes free and freeable slots alike.
         mm_hash = request.mm_features[input_id].identifier
         num_embeds = request.get_num_encoder_embeds(input_id)
         assert self.num_free_slots >= num_embeds
@@ -103,15 +117,20 @@ class EncoderCacheManager:
         self.num_free_slots -= num_embeds
         self.num_freeable_slots -= num_embeds
 
+    # END LAB 13.2
+
     def get_cached_input_ids(self, request: Request) -> set[int]:
         """The request's items whose identifier has an entry (referenced or not)."""
         return {
             i for i, feature in enumerate(request.mm_features) if feature.identifier in self.cached
         }
 
+    # BEGIN LAB 13.2: drop one reference; the last one makes the entry freeable
     def free_encoder_input(self, request: Request, input_id: int) -> None:
         """Drop the request's reference to item ``input_id``; an entry no one
         references becomes freeable (it stays cached until space is needed)."""
+        # HINT: nothing to do if the entry is absent or already unreferenced. A freeable
+        # HINT: entry goes to the back of self.freeable (evicted last) with its size.
         mm_hash = request.mm_features[input_id].identifier
         if not self.cached.get(mm_hash):
             return
@@ -121,16 +140,22 @@ class EncoderCacheManager:
             self.freeable[mm_hash] = num_embeds
             self.num_freeable_slots += num_embeds
 
+    # END LAB 13.2
+
     def free(self, request: Request) -> None:
         """Drop every reference the request holds (it finished or was preempted)."""
         for input_id in self.get_cached_input_ids(request):
             self.free_encoder_input(request, input_id)
 
+    # BEGIN LAB 13.2: the evicted hashes, reported once
     def get_freed_mm_hashes(self) -> list[str]:
         """The identifiers evicted since the last call (the runner drops their
         outputs); the list starts over."""
+        # HINT: hand over self.freed and start a new, empty list.
         freed, self.freed = self.freed, []
         return freed
+
+    # END LAB 13.2
 
 
 def compute_mm_encoder_budget(

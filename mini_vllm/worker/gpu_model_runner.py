@@ -455,6 +455,7 @@ class GPUModelRunner:
         self.encoder_time += time.perf_counter() - start
         return encoder_outputs
 
+    # BEGIN LAB 13.3: the encoder rows this step's tokens need, and where they go
     # mirrors vllm/v1/worker/gpu_model_runner.py:3071-3140
     def _gather_mm_embeddings(
         self, scheduler_output: SchedulerOutput
@@ -467,6 +468,12 @@ class GPUModelRunner:
         overlap, those rows of the image's encoder output are taken: a chunk
         that cuts through an image takes only its part, and the next chunk
         the rest (read from the encoder cache, not encoded again)."""
+        # HINT: requests in batch order (self.input_batch.req_ids); each one's tokens
+        # HINT: follow the previous one's in the step. self.requests[req_id] has
+        # HINT: num_computed_tokens and mm_features; self.encoder_cache[identifier] is an
+        # HINT: image's output [num_embeds, hidden]. With an is_embed mask, only its True
+        # HINT: positions take rows: PlaceholderRange.get_embeds_indices_in_range maps a
+        # HINT: placeholder range to output rows.
         total = scheduler_output.total_num_scheduled_tokens
         mm_embeds: list[torch.Tensor] = []
         is_mm_embed = torch.zeros(total, dtype=torch.bool)
@@ -504,6 +511,8 @@ class GPUModelRunner:
                 mm_embeds.append(encoder_output[embeds_start:embeds_end])
             req_start_idx += num_scheduled_tokens
         return mm_embeds, is_mm_embed
+
+    # END LAB 13.3
 
     # BEGIN LAB 08.4: which logits rows verify which drafts
     def _calc_spec_decode_metadata(

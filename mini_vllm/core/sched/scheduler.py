@@ -384,11 +384,16 @@ class Scheduler(SchedulerInterface):
 
             # Its images run in the encoder this step: reserve their cache
             # entries (mirrors vllm/v1/core/sched/scheduler.py:520-527).
+            # BEGIN LAB 13.1: a scheduled running request's images: record them, reserve, charge
+            # HINT: receives request, encoder_inputs_to_schedule (item indices) and
+            # HINT: new_encoder_compute_budget; leaves encoder_compute_budget. Record the
+            # HINT: items in scheduled_encoder_inputs, allocate each in the encoder cache.
             if encoder_inputs_to_schedule:
                 scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
-                for i in encoder_inputs_to_schedule:
-                    self.encoder_cache_manager.allocate(request, i)
+                for item in encoder_inputs_to_schedule:
+                    self.encoder_cache_manager.allocate(request, item)
                 encoder_compute_budget = new_encoder_compute_budget
+            # END LAB 13.1
 
         # Phase 2: admit WAITING requests in queue order while three gates
         # stay open. (Upstream checks the same three, in two `if`s and a
@@ -626,11 +631,16 @@ class Scheduler(SchedulerInterface):
             # END LAB 03.1
             if self.log_stats:  # (mirrors vllm/v1/core/sched/scheduler.py:785-788)
                 request.record_event(EngineCoreEventType.SCHEDULED, scheduled_timestamp)
+            # BEGIN LAB 13.1: an admitted request's images: record them, reserve, charge
+            # HINT: receives request, encoder_inputs_to_schedule and
+            # HINT: new_encoder_compute_budget; leaves encoder_compute_budget (as for a
+            # HINT: running request above).
             if encoder_inputs_to_schedule:
                 scheduled_encoder_inputs[request.request_id] = encoder_inputs_to_schedule
-                for i in encoder_inputs_to_schedule:
-                    self.encoder_cache_manager.allocate(request, i)
+                for input_id in encoder_inputs_to_schedule:
+                    self.encoder_cache_manager.allocate(request, input_id)
                 encoder_compute_budget = new_encoder_compute_budget
+            # END LAB 13.1
 
         # Skipped this step: back ahead of the older skipped ones (scheduler.py:822).
         # BEGIN LAB 12.1: the requests passed over this step go back to skipped_waiting
@@ -771,6 +781,7 @@ class Scheduler(SchedulerInterface):
 
     # ------------------------------------------------------------ encoder inputs
 
+    # BEGIN LAB 13.1: which images a chunk encodes; stop before one the budget cannot take
     # mirrors vllm/v1/core/sched/scheduler.py:1096-1257
     def _try_schedule_encoder_inputs(
         self,
@@ -791,6 +802,11 @@ class Scheduler(SchedulerInterface):
         starts inside them (a prefix-cache hit can do that).
         Returns (item indices, num_new_tokens, encoder budget left).
         """
+        # HINT: walk request.mm_features in prompt order; each has .identifier and
+        # HINT: .mm_position (offset, length, get_num_embeds(), get_embeds_indices_in_range).
+        # HINT: The encoder cache answers check_and_update_cache (a hit: skip it, it costs
+        # HINT: nothing) and can_allocate(request, i, budget left, embeds already promised).
+        # HINT: An image twice in one chunk is encoded once.
         if num_new_tokens == 0 or not request.has_encoder_inputs:
             return [], num_new_tokens, encoder_compute_budget
         encoder_inputs_to_schedule: list[int] = []
@@ -840,14 +856,21 @@ class Scheduler(SchedulerInterface):
             encoder_inputs_to_schedule.append(i)
         return encoder_inputs_to_schedule, num_new_tokens, encoder_compute_budget
 
+    # END LAB 13.1
+
+    # BEGIN LAB 13.1: release the images whose placeholders are all computed
     # mirrors vllm/v1/core/sched/scheduler.py:1667-1689
     def _free_encoder_inputs(self, request: Request) -> None:
         """Drop the request's references to items whose placeholders are all
         computed: their embeddings now live in the KV cache."""
+        # HINT: the encoder cache's get_cached_input_ids(request) and
+        # HINT: free_encoder_input(request, input_id); copy the set before freeing.
         for input_id in list(self.encoder_cache_manager.get_cached_input_ids(request)):
             position = request.mm_features[input_id].mm_position
             if position.offset + position.length <= request.num_computed_tokens:
                 self.encoder_cache_manager.free_encoder_input(request, input_id)
+
+    # END LAB 13.1
 
     # BEGIN LAB 12.2: which requests get bitmask rows this step, and in what order
     # mirrors vllm/v1/core/sched/scheduler.py:1259-1281

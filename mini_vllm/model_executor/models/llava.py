@@ -61,6 +61,7 @@ def get_layer_index(feature_layer_index: int, num_hidden_layers: int) -> int:
     return feature_layer_index
 
 
+# BEGIN LAB 13.3: the encoder rows into the token embeddings, at the placeholders
 def merge_multimodal_embeddings(
     inputs_embeds: torch.Tensor,
     multimodal_embeddings: list[torch.Tensor],
@@ -69,6 +70,10 @@ def merge_multimodal_embeddings(
     """Overwrite the rows of ``inputs_embeds`` [T, hidden] where ``is_multimodal``
     (bool [T]) is True with the rows of ``multimodal_embeddings`` (a list of
     [n_i, hidden]), in order; in place. Their counts must agree."""
+    # HINT: nothing to merge: return inputs_embeds as it is. Else concatenate the
+    # HINT: pieces; a count that differs from the mask's True positions is a ValueError
+    # HINT: ("Attempted to assign ... multimodal tokens to ... placeholders"). The rows
+    # HINT: take inputs_embeds' dtype; boolean-mask assignment fills them in order.
     if len(multimodal_embeddings) == 0:
         return inputs_embeds
     flat = torch.cat(list(multimodal_embeddings))
@@ -79,6 +84,9 @@ def merge_multimodal_embeddings(
         )
     inputs_embeds[is_multimodal.to(inputs_embeds.device)] = flat.to(inputs_embeds.dtype)
     return inputs_embeds
+
+
+# END LAB 13.3
 
 
 class LlavaMultiModalProjector(nn.Module):

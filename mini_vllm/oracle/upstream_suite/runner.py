@@ -195,6 +195,7 @@ LAB_FILES = {
         "tests/v1/core/test_scheduler.py::test_stop_via_update_from_output",
     ],
     "12": ["tests/v1/core/test_scheduler.py::test_schedule_skip_tokenizer_init_structured"],
+    "13": ["tests/v1/core/test_encoder_cache_manager.py"],
     "14": ["tests/v1/core/test_async_scheduler.py"],
     "15": [
         "tests/v1/core/test_scheduler.py::test_kv_connector_handles_preemption",
