@@ -160,7 +160,7 @@ class Request:
 
     @property
     def has_encoder_inputs(self) -> bool:
-        return self.num_encoder_inputs > 0
+        return len(self.mm_features) > 0
 
     def get_num_encoder_embeds(self, input_id: int) -> int:
         """Encoder embeddings item ``input_id`` fills (its encoder output rows)."""

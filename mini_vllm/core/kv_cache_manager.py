@@ -48,7 +48,7 @@ class KVCacheBlocks:
     blocks: tuple[Sequence[KVCacheBlock], ...]
 
     def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
-        if allow_none and all(len(group) == 0 for group in self.blocks):
+        if allow_none and not any(self.blocks):  # every group empty
             return None
         return tuple([blk.block_id for blk in group] for group in self.blocks)
 
@@ -168,8 +168,9 @@ class KVCacheManager:
         num_new = max(num_required - num_held - len(new_computed_blocks), 0)
         # Hits with no holder sit in the free queue; touching them removes
         # them from it, so they cost free capacity too.
-        num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
-        return num_new + num_evictable
+        if new_computed_blocks:
+            num_new += sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        return num_new
 
     # END LAB 02.4
 

@@ -395,6 +395,8 @@ def get_request_block_hasher(
         # HINT: adapter's name (Phase 11), an image's blocks its hash (Phase 13).
         start = len(request.block_hashes) * block_size
         tokens = request.all_token_ids
+        if start + block_size > len(tokens):
+            return []  # no block became full (most calls: one token was added)
         parent = request.block_hashes[-1] if request.block_hashes else None
         mm_idx = 0 if start == 0 else -1
         new_hashes: list[BlockHash] = []
