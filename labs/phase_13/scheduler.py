@@ -387,9 +387,8 @@ class Scheduler(_reference.Scheduler):
         self._update_after_schedule(scheduler_output)
         # Upstream sets this inside _update_after_schedule (scheduler.py:968).
         scheduler_output.has_structured_output_requests = any(
-            self.requests[req_id].use_structured_output
-            and not self.requests[req_id].is_prefill_chunk
-            for req_id in num_scheduled_tokens
+            req.use_structured_output and not req.is_prefill_chunk
+            for req in scheduled_running_reqs + scheduled_resumed_reqs + scheduled_new_reqs
         )
         return scheduler_output
 
