@@ -54,6 +54,7 @@ FILES = [
     "tests/v1/structured_output/test_backend_guidance.py",
     "tests/v1/structured_output/test_reasoning_structured_output.py",
     "tests/lora/test_lora_utils.py",
+    "tests/v1/metrics/test_stats.py",
 ]
 # Valid tests too slow on this CPU for the fast tier: run in the deep tier
 # (MINI_VLLM_TIER=deep, the default outside `make test`), left out of the fast
