@@ -95,9 +95,11 @@ def test_a_cached_image_costs_nothing(impl, up):
 
 @pytest.mark.points(5)
 def test_images_are_released_when_consumed_and_evicted_when_space_is_needed(impl, up):
-    # A cache of 8 embeddings: one image at a time. a's "x" is released after
-    # a's prefill but stays cached; b's "y" needs the room, so "x" is evicted
-    # (reported once in free_encoder_mm_hashes); c brings "x" back: encoded again.
+    # A cache of 8 embeddings: one image at a time, and 6 tokens a step, so
+    # every prefill cuts its image in two. a's "x" is released once its last
+    # placeholder is computed (not its first) but stays cached; b's "y" needs
+    # the room, so "x" is evicted (reported once in free_encoder_mm_hashes); c
+    # brings "x" back: encoded again.
     def req(name, ident, step):
         prompt = text(2) + image(8) + text(2, 40)
         return RequestSpec(
@@ -106,7 +108,8 @@ def test_images_are_released_when_consumed_and_evicted_when_space_is_needed(impl
 
     w = workload(
         "release-then-evict",
-        [req("a", "x", 0), req("b", "y", 1), req("c", "x", 3)],
+        [req("a", "x", 0), req("b", "y", 2), req("c", "x", 5)],
+        max_num_batched_tokens=6,
         max_num_encoder_input_tokens=8,
         encoder_cache_size=8,
     )
