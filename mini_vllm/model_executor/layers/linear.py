@@ -25,20 +25,21 @@ Tensor parallelism (``y = x W^T + b`` with ``W`` [out, in]):
 alike) and keeps this rank's slice. Outside any run the group has one rank
 and every layer holds its whole weight.
 
-Left out: LoRA, the CPU GEMM dispatch, ``ReplicatedLinear``,
+Left out: LoRA, ``ReplicatedLinear``,
 ``skip_bias_add`` / ``return_bias`` (``forward`` returns the output alone),
 already-fused checkpoint tensors, upstream's per-parameter
 ``weight_loader`` attributes (here the layer's own ``weight_loader`` puts
 a checkpoint tensor into place), and quantized weights split over ranks
 (VllmConfig refuses quantization with tensor_parallel_size > 1). Without a
 quantization config the method is ``UnquantizedLinearMethod``: ``weight``
-[out, in] and ``F.linear``, exactly what ``nn.Linear`` computes.
+[out, in] and what ``nn.Linear`` computes, through ``F.linear`` or, on a
+CPU once the weights are loaded, through oneDNN over a packed copy of the
+weight (utils.py, upstream's CPU GEMM dispatch).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mini_vllm.distributed.communication_op import (
@@ -52,6 +53,10 @@ from mini_vllm.distributed.parallel_state import (
 from mini_vllm.model_executor.layers.quantization.base_config import (
     QuantizationConfig,
     QuantizeMethodBase,
+)
+from mini_vllm.model_executor.layers.utils import (
+    dispatch_cpu_unquantized_gemm,
+    dispatch_unquantized_gemm,
 )
 
 
@@ -80,8 +85,13 @@ class UnquantizedLinearMethod(LinearMethodBase):
         weight = torch.empty(sum(output_partition_sizes), input_size, dtype=params_dtype)
         layer.register_parameter("weight", nn.Parameter(weight, requires_grad=False))
 
+    def process_weights_after_loading(self, layer):
+        """On a CPU, pack the weight for oneDNN (upstream's CPU GEMM dispatch)."""
+        if layer.weight.device.type == "cpu":
+            dispatch_cpu_unquantized_gemm(layer)
+
     def apply(self, layer, x, bias=None):
-        return F.linear(x, layer.weight, bias)
+        return dispatch_unquantized_gemm(layer.weight.device)(layer, x, layer.weight, bias)
 
 
 def divide(numerator: int, denominator: int) -> int:

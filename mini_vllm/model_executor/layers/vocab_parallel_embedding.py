@@ -37,6 +37,10 @@ from mini_vllm.model_executor.layers.quantization.base_config import (
     QuantizationConfig,
     QuantizeMethodBase,
 )
+from mini_vllm.model_executor.layers.utils import (
+    dispatch_cpu_unquantized_gemm,
+    dispatch_unquantized_gemm,
+)
 
 DEFAULT_VOCAB_PADDING_SIZE = 64
 
@@ -48,8 +52,13 @@ class UnquantizedEmbeddingMethod(QuantizeMethodBase):
         weight = torch.empty(sum(output_partition_sizes), input_size, dtype=params_dtype)
         layer.register_parameter("weight", nn.Parameter(weight, requires_grad=False))
 
+    def process_weights_after_loading(self, layer):
+        """On a CPU, pack the table for the logits' matmul (upstream's CPU GEMM dispatch)."""
+        if layer.weight.device.type == "cpu":
+            dispatch_cpu_unquantized_gemm(layer)
+
     def apply(self, layer, x, bias=None):
-        return F.linear(x, layer.weight, bias)
+        return dispatch_unquantized_gemm(layer.weight.device)(layer, x, layer.weight, bias)
 
     def embedding(self, layer, input_):
         return F.embedding(input_, layer.weight)

@@ -1,0 +1,73 @@
+"""The CPU GEMM dispatch: a linear layer's weight packed once for oneDNN.
+
+Mirrors upstream ``vllm/model_executor/layers/utils.py`` at v0.22.1
+(``dispatch_cpu_unquantized_gemm`` at :228, ``cpu_unquantized_gemm`` at :312,
+``dispatch_unquantized_gemm`` at :321). On a CPU, upstream's unquantized
+linear and embedding methods call ``dispatch_cpu_unquantized_gemm`` once the
+weights are loaded (``process_weights_after_loading``, linear.py:214 and
+vocab_parallel_embedding.py:61): it reorders the weight into oneDNN's
+blocked layout for matmuls (``create_onednn_mm``, a C++ op of ``vllm._C``) and
+gives the layer a ``cpu_linear`` that runs that matmul; every step then skips
+the repacking a plain ``F.linear`` does inside its GEMM call. On this
+project's CPUs that is worth 10-40% of a matmul's time at decode batch
+sizes (see mini_vllm/benchmarks/README.md, the roofline).
+
+mini_vllm does the same with torch's own oneDNN ops
+(``torch.ops.mkldnn._reorder_linear_weight`` and ``_linear_pointwise``, what
+inductor's weight freezing uses on a CPU), since ``vllm._C`` is not built
+here. Left out: the zentorch and SGL kernel paths, the causal-conv weight
+pack. Differs from upstream: the layer keeps its ``weight`` (upstream's
+linear layers drop it, ``remove_weight=True``): LoRA, tensor-parallel
+loading and the tests read it. So a weight changed after loading must be
+dispatched again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+# The batch size oneDNN's weight layout is chosen for (upstream passes 32 too).
+ONEDNN_BATCH_HINT = 32
+
+
+def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module) -> None:
+    """Give ``layer`` a ``cpu_linear(x, weight, bias)``: oneDNN over a packed copy of
+    ``layer.weight`` where torch's oneDNN supports it, else ``F.linear``."""
+    weight = layer.weight
+    layer.cpu_linear = F.linear
+    if (
+        weight.device.type != "cpu"
+        or weight.dim() != 2
+        or weight.dtype not in (torch.float32, torch.bfloat16)
+        or not torch.backends.mkldnn.is_available()
+    ):
+        return
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ONEDNN_BATCH_HINT)
+    except RuntimeError:  # this torch build cannot: the plain matmul stays
+        return
+
+    def onednn_linear(x, _weight, bias):
+        out = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, x.shape[-1]), packed, bias, "none", [], ""
+        )
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    layer.cpu_linear = onednn_linear
+
+
+def cpu_unquantized_gemm(layer, x, weight, bias=None) -> torch.Tensor:
+    """The layer's dispatched matmul; a layer never dispatched runs ``F.linear``."""
+    return getattr(layer, "cpu_linear", F.linear)(x, weight, bias)
+
+
+def default_unquantized_gemm(layer, x, weight, bias=None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def dispatch_unquantized_gemm(device: torch.device) -> Callable[..., torch.Tensor]:
+    """The GEMM for weights on ``device`` (upstream asks the platform)."""
+    return cpu_unquantized_gemm if device.type == "cpu" else default_unquantized_gemm
