@@ -3,9 +3,9 @@ every model's ``forward``.
 
 Mirrors upstream ``vllm/forward_context.py`` (``ForwardContext`` :129,
 ``set_forward_context`` :250, ``get_forward_context`` :191) at v0.22.1, and its
-``BatchDescriptor`` (:30), the key of a CUDA graph. Left out: data parallel
-metadata, the batch descriptor and graph mode in the context (mini_vllm's runner
-replays its graphs itself), per-layer metadata dicts (mini_vllm's layers all
+``BatchDescriptor`` (:30), the key of a CUDA graph: the context carries the
+step's graph mode and key for the graph wrapper (mini_vllm/compilation/cuda_graph.py).
+Left out: data parallel metadata, per-layer metadata dicts (mini_vllm's layers all
 share one ``AttentionMetadata``).
 
 Differs from upstream: the context carries the worker half of the KV
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mini_vllm.attention.backend import AttentionMetadata
+from mini_vllm.config import CUDAGraphMode
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class ForwardContext:
     # mini only: the first error each connector call in the layers raised
     # this step, by call name; the runner handles them after the forward.
     kv_connector_errors: dict[str, Exception] = field(default_factory=dict)
+    # How this step's forward runs (Phase 18): NONE eagerly, FULL from the
+    # CUDA graph of ``batch_descriptor`` (captured on its first such call).
+    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
+    batch_descriptor: BatchDescriptor | None = None
 
 
 # One slot per thread: ``_local.context`` is the running forward's context.
@@ -66,9 +71,19 @@ def get_forward_context() -> ForwardContext:
 
 
 @contextmanager
-def set_forward_context(attn_metadata: AttentionMetadata | None, kv_connector: Any = None):
+def set_forward_context(
+    attn_metadata: AttentionMetadata | None,
+    kv_connector: Any = None,
+    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE,
+    batch_descriptor: BatchDescriptor | None = None,
+):
     previous = getattr(_local, "context", None)
-    _local.context = ForwardContext(attn_metadata, kv_connector)
+    _local.context = ForwardContext(
+        attn_metadata,
+        kv_connector,
+        cudagraph_runtime_mode=cudagraph_runtime_mode,
+        batch_descriptor=batch_descriptor,
+    )
     try:
         yield
     finally:

@@ -110,6 +110,7 @@ class LLM:
         distributed_executor_backend: str | None = None,
         enable_prompt_embeds: bool = False,
         profiler_config: dict | None = None,
+        enforce_eager: bool = False,
     ) -> None:
         from mini_vllm.model_executor.layers.quantization import verify_quantization
         from mini_vllm.model_executor.model_loader import find_checkpoint, load_model
@@ -175,6 +176,7 @@ class LLM:
                 logits_processors=logits_processors,
                 logprobs_mode=logprobs_mode,
                 enable_prompt_embeds=enable_prompt_embeds,
+                enforce_eager=enforce_eager,
             ),
             cache_config=CacheConfig(
                 block_size=block_size,

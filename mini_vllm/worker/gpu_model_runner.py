@@ -5,9 +5,14 @@ Mirrors upstream ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``
 ``_prepare_inputs`` :1863, ``_calc_spec_decode_metadata`` :2713, ``_sample``
 :3481, ``_bookkeeping_sync`` :3512, ``execute_model`` :3955,
 ``take_draft_token_ids`` :4637, ``propose_draft_token_ids`` :4750;
-multimodal: ``_execute_mm_encoder`` :2860, ``_gather_mm_embeddings`` :3071)
-at v0.22.1.
-Left out: CUDA graphs and the padding they need, async scheduling and async
+multimodal: ``_execute_mm_encoder`` :2860, ``_gather_mm_embeddings`` :3071;
+CUDA graphs: ``capture_model`` :6373) at v0.22.1.
+CUDA graphs (Phase 18): on CUDA, with the Triton backend and not
+``enforce_eager``, the decode-only steps run from FULL graphs captured at
+start-up, one per capture size, padded to it (``CudagraphDispatcher``);
+every other step runs eagerly. Graphs are off with LoRA, speculation, a KV
+connector, a multimodal model, prompt embeddings or several KV-cache groups.
+Left out: piecewise graphs, graphs of mixed batches, async scheduling and async
 output copies, draft-model and EAGLE speculation, multimodal modalities
 other than images and the encoder-cache connector, pooling,
 prompt logprobs, pipeline parallelism; see UPSTREAM_PIN.md.
@@ -66,14 +71,16 @@ import torch
 
 from mini_vllm.attention.backend import AttentionMetadata
 from mini_vllm.attention.backends.utils import reorder_batch_to_split_decodes_and_prefills
-from mini_vllm.config import VllmConfig
+from mini_vllm.compilation.cuda_graph import CUDAGraphWrapper
+from mini_vllm.config import CUDAGraphMode, VllmConfig
 from mini_vllm.core.sched.output import GrammarOutput, SchedulerOutput
+from mini_vllm.cudagraph_dispatcher import CudagraphDispatcher
 from mini_vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from mini_vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
 )
-from mini_vllm.forward_context import get_forward_context, set_forward_context
+from mini_vllm.forward_context import BatchDescriptor, get_forward_context, set_forward_context
 from mini_vllm.kv_cache_interface import KVCacheConfig
 from mini_vllm.lora.model_manager import LRUCacheLoRAModelManager
 from mini_vllm.outputs import (
@@ -93,6 +100,7 @@ from mini_vllm.spec_decode.metadata import SpecDecodeMetadata
 from mini_vllm.spec_decode.ngram_proposer import NgramProposer
 from mini_vllm.structured_output.utils import apply_grammar_bitmask
 from mini_vllm.utils import CpuGpuBuffer
+from mini_vllm.worker.block_table import PAD_SLOT_ID
 from mini_vllm.worker.gpu_input_batch import CachedRequestState, InputBatch
 
 logger = logging.getLogger(__name__)
@@ -219,6 +227,11 @@ class GPUModelRunner:
         self.supports_mm_inputs = hasattr(model, "embed_multimodal")
         self.encoder_cache: dict[str, torch.Tensor] = {}
         self.encoder_time = 0.0
+
+        # CUDA graphs (Phase 18): which graph a step replays, if any.
+        self.vllm_config = vllm_config
+        self.cudagraph_dispatcher = CudagraphDispatcher(vllm_config)
+        self.capture_model()
 
     # ---------------------------------------------------------------- states
 
@@ -733,16 +746,25 @@ class GPUModelRunner:
         if self.lora_manager is not None:
             self.set_active_loras(num_scheduled_tokens)
 
+        # A decode-only step may replay a graph, padded to its size.
+        uniform_decode = scheduler_output.total_num_scheduled_tokens == len(req_ids)
+        cudagraph_mode, batch_descriptor = self.cudagraph_dispatcher.dispatch(
+            scheduler_output.total_num_scheduled_tokens, uniform_decode=uniform_decode
+        )
+        num_input_tokens = batch_descriptor.num_tokens
+
         start = time.perf_counter()
         with (
-            set_forward_context(inputs.attn_metadata, self.kv_connector),
+            set_forward_context(
+                inputs.attn_metadata, self.kv_connector, cudagraph_mode, batch_descriptor
+            ),
             self._maybe_kv_connector_output(scheduler_output) as kv_connector_output,
         ):
             hidden_states = self.model(
-                inputs.input_ids,
-                inputs.positions,
+                self.input_ids.gpu[:num_input_tokens],
+                self.positions.gpu[:num_input_tokens],
                 **self._model_inputs_embeds(scheduler_output, inputs),
-            )  # [num_tokens, hidden]
+            )  # [num_input_tokens, hidden]: padding rows last
         # [num_logits, V]: one row a request, 1 + drafts rows when verifying drafts
         logits = self.model.compute_logits(hidden_states[inputs.logits_indices])
         if grammar_output is not None:
@@ -919,6 +941,84 @@ class GPUModelRunner:
         batch = self.input_batch
         return self.drafter.propose(
             sampled_token_ids, batch.num_tokens_no_spec, batch.token_ids_cpu
+        )
+
+    # ------------------------------------------------------------ CUDA graphs
+
+    def _cudagraph_mode(self) -> CUDAGraphMode:
+        """The mode this runner can honour: FULL graphs of decode-only steps
+        when the config asks for FULL graphs and everything the forward runs
+        can be captured; else NONE. Upstream settles the mode against what its
+        attention backends support in ``_check_and_update_cudagraph_mode``
+        (gpu_model_runner.py:6669)."""
+        from mini_vllm.attention.backends.triton_attn import TritonAttentionImpl
+
+        config = self.vllm_config
+        groups = self.kv_cache_config.kv_cache_groups if self.kv_cache_config else [None]
+        capturable = (
+            self.device.type == "cuda"
+            and config.compilation_config.cudagraph_mode.has_mode(CUDAGraphMode.FULL)
+            and config.parallel_config.world_size == 1
+            and len(groups) == 1
+            and all(
+                type(layer.impl) is TritonAttentionImpl for layer in self.model.attention_layers()
+            )
+            and self.lora_manager is None
+            and self.drafter is None
+            and self.kv_connector is None
+            and not self.supports_mm_inputs
+            and not config.model_config.enable_prompt_embeds
+        )
+        return CUDAGraphMode.FULL_DECODE_ONLY if capturable else CUDAGraphMode.NONE
+
+    @torch.inference_mode()
+    def capture_model(self) -> None:
+        """Capture one FULL graph per decode key, largest first, on a dummy
+        decode batch: each request one token, one slot of context (slots
+        marked padding, so the KV cache is not written). The attention
+        kernel's split count is fixed at capture from ``max_model_len``, so a
+        replay serves any context length."""
+        mode = self._cudagraph_mode()
+        self.cudagraph_dispatcher.initialize_cudagraph_keys(mode)
+        if mode == CUDAGraphMode.NONE:
+            return
+        self.model = CUDAGraphWrapper(self.model, CUDAGraphMode.FULL)
+        for runtime_mode, keys in self.cudagraph_dispatcher.get_capture_descs():
+            for key in keys:
+                metadata = self._dummy_decode_metadata(key)
+                ids, positions = (
+                    self.input_ids.gpu[: key.num_tokens],
+                    self.positions.gpu[: key.num_tokens],
+                )
+                # Once eagerly (Triton compiles its kernels), then captured.
+                with set_forward_context(metadata):
+                    self.model(ids, positions)
+                torch.cuda.synchronize(self.device)
+                with set_forward_context(metadata, None, runtime_mode, key):
+                    self.model(ids, positions)
+        torch.cuda.synchronize(self.device)
+
+    def _dummy_decode_metadata(self, key: BatchDescriptor) -> AttentionMetadata:
+        num_reqs, num_tokens = key.num_reqs, key.num_tokens
+        self.input_ids.gpu[:num_tokens].zero_()
+        self.positions.gpu[:num_tokens].zero_()
+        qsl = self.query_start_loc
+        qsl.np[: num_reqs + 1] = np.arange(num_reqs + 1)
+        qsl.np[num_reqs + 1 :] = num_reqs
+        qsl.copy_to_gpu()
+        self.seq_lens.np[:num_reqs] = 1
+        self.seq_lens.np[num_reqs:] = 0
+        self.seq_lens.copy_to_gpu()
+        block_table = self.input_batch.block_table[0]
+        block_table.slot_mapping.gpu.fill_(PAD_SLOT_ID)
+        return AttentionMetadata(
+            num_actual_tokens=num_tokens,
+            max_query_len=1,
+            query_start_loc=qsl.gpu[: num_reqs + 1],
+            max_seq_len=self.max_model_len,
+            seq_lens=self.seq_lens.gpu[:num_reqs],
+            block_table=block_table.get_device_tensor(num_reqs),
+            slot_mapping=block_table.slot_mapping.gpu[:num_tokens],
         )
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:

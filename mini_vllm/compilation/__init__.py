@@ -1,0 +1,1 @@
+"""Upstream's ``vllm/compilation/``: here only the CUDA-graph wrapper (Phase 18)."""
