@@ -16,6 +16,11 @@ on, a small KV cache (preemptions) and a shared prefix, recorded as the
 engine's own logger got them. (The tiny model's random outputs never repeat
 a context token, so its drafter proposes nothing: the spec-decode samples
 of the real run stay 0, and the generated steps carry the drafts.)
+
+The stats themselves are graded too: the same generated outputs (tokens,
+events, prefill stats, timestamps, finishes) go through mini_vllm's
+``IterationStats`` and upstream's (vllm/v1/metrics/stats.py:325), which must
+agree field by field, step by step, with every request's timestamps.
 """
 
 from __future__ import annotations
@@ -229,3 +234,94 @@ def test_a_real_run_exposes_as_upstream(recorded_run):
     assert oracle.exposition(replayed.render().decode()) == oracle.exposition(
         engine.stat_logger.render().decode()
     )
+
+
+# --------------------------------------------------------------- the stats themselves
+
+
+def test_iteration_stats_follow_upstreams():
+    """The same outputs (tokens, events, prefill stats, timestamps) through
+    mini_vllm's IterationStats and upstream's: every step's counts, latencies
+    and finished-request intervals, and every request's timestamps, agree."""
+    from vllm.v1.engine import EngineCoreEvent as UpEvent
+    from vllm.v1.engine import EngineCoreEventType as UpEventType
+    from vllm.v1.engine import EngineCoreOutput as UpOutput
+    from vllm.v1.engine import FinishReason as UpFinishReason
+    from vllm.v1.metrics import stats as up
+
+    from mini_vllm.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput
+    from mini_vllm.metrics.stats import PrefillStats, RequestStateStats
+
+    rng = random.Random(0)
+    lora_states = up.LoRARequestStates(log_stats=False)
+    for _ in range(30):  # workloads
+        live = {}  # id -> [mini RequestStateStats, upstream's, prefilling, prompt length]
+        clock, wall, next_id = 100.0, 1000.0, 0
+        for _ in range(rng.randint(1, 12)):  # steps
+            clock += rng.choice([0.0, 0.004, 0.3, 2.5])
+            wall += rng.choice([0.0, 0.004, 0.3, 2.5])
+            for _ in range(rng.randint(0, 2)):  # arrivals
+                arrival = wall - rng.random()
+                live[f"r{next_id}"] = [
+                    RequestStateStats(arrival_time=arrival),
+                    up.RequestStateStats(arrival_time=arrival),
+                    True,
+                    rng.randint(1, 40),
+                ]
+                next_id += 1
+            mini_it, up_it = IterationStats(), up.IterationStats()
+            mini_it.iteration_timestamp = up_it.iteration_timestamp = wall
+            for req_id in list(live):
+                if rng.random() < 0.3:
+                    continue  # no output for it this step
+                mini_stats, up_stats, prefilling, prompt_len = live[req_id]
+                events = [
+                    (rng.choice(list(EngineCoreEventType)), clock - rng.random())
+                    for _ in range(rng.randint(0, 3))
+                ]
+                tokens = [7] * rng.randint(0 if not prefilling else 1, 3)
+                finish = rng.choice([None, None, *FinishReason])
+                local = rng.randint(0, prompt_len)
+                external = rng.randint(0, prompt_len - local)
+                prefill = None
+                if prefilling and rng.random() < 0.9:
+                    prefill = PrefillStats()
+                    prefill.set(prompt_len, local, external)
+                up_prefill = None
+                if prefill is not None:
+                    up_prefill = up.PrefillStats()
+                    up_prefill.set(prompt_len, local, external)
+                mini_out = EngineCoreOutput(
+                    req_id,
+                    tokens,
+                    events=[EngineCoreEvent(t, ts) for t, ts in events] or None,
+                    prefill_stats=prefill,
+                )
+                up_out = UpOutput(
+                    req_id,
+                    tokens,
+                    events=[UpEvent(UpEventType(int(t)), ts) for t, ts in events] or None,
+                    prefill_stats=up_prefill,
+                )
+                mini_it.update_from_output(mini_out, clock, prefilling, mini_stats)
+                up_it.update_from_output(up_out, clock, prefilling, up_stats, lora_states, None)
+                live[req_id][2] = False
+                if finish is not None:
+                    cached = rng.randint(-1, prompt_len)
+                    args = (req_id, prompt_len, rng.choice([None, 16]))
+                    mini_it.update_from_finished_request(finish, *args, mini_stats, cached)
+                    up_it.update_from_finished_request(
+                        UpFinishReason(int(finish)), *args, up_stats, cached
+                    )
+                    del live[req_id]
+                mini_fields = {k: v for k, v in vars(mini_stats).items()}
+                up_fields = {k: v for k, v in vars(up_stats).items() if k != "is_corrupted"}
+                assert mini_fields == up_fields, f"{req_id}: request timestamps differ"
+            # mini_vllm's, converted field by field (no corrupted-request count: left out)
+            got = vars(oracle.to_upstream(None, mini_it)[1])
+            want = vars(up_it)
+            assert set(vars(mini_it)) <= set(want), "mini_vllm has fields upstream has not"
+            for name, value in want.items():
+                assert got[name] == value, (
+                    f"IterationStats.{name}: mini {got[name]}, upstream {value}"
+                )
