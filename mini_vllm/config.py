@@ -124,6 +124,10 @@ class CacheConfig:
     # The KV cache's dtype (upstream's name and values; LLM(kv_cache_dtype=...)):
     # "auto" = the model's; "fp8" / "fp8_e4m3" = e4m3, one byte a value.
     cache_dtype: str = "auto"
+    # Blocks of the CPU swap space: only Phase 19's SwapScheduler (vLLM v0's
+    # swapping) uses it. Upstream keeps the field (vllm/config/cache.py:145)
+    # but v1 never swaps.
+    num_cpu_blocks: int | None = None
 
     def verify(self) -> None:
         from mini_vllm.utils.torch_utils import KV_CACHE_DTYPES

@@ -88,6 +88,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         kv_cache_memory_bytes: int | None = None,
         num_gpu_blocks_override: int | None = None,
+        num_cpu_blocks: int | None = None,
         scheduler_cls: type | str | None = None,
         policy: str = "fcfs",
         async_scheduling: bool = False,
@@ -185,6 +186,7 @@ class LLM:
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
                 num_gpu_blocks_override=num_gpu_blocks_override,
                 cache_dtype=kv_cache_dtype,
+                num_cpu_blocks=num_cpu_blocks,  # the swap space (Phase 19's SwapScheduler)
             ),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=max_num_seqs,

@@ -233,6 +233,13 @@ class GPUModelRunner:
         self.cudagraph_dispatcher = CudagraphDispatcher(vllm_config)
         self.capture_model()
 
+        # Phase 19 (vLLM v0's swapping, not upstream v1): a CPU swap space of
+        # cache_config.num_cpu_blocks blocks, one tensor per attention layer,
+        # made on the first swap; the seconds spent copying blocks.
+        self.num_cpu_blocks = vllm_config.cache_config.num_cpu_blocks or 0
+        self.cpu_kv_caches: list[torch.Tensor] | None = None
+        self.swap_time = 0.0
+
     # ---------------------------------------------------------------- states
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -725,6 +732,7 @@ class GPUModelRunner:
         """Run the step's batch and sample it. ``grammar_output``: the
         structured requests' bitmask, applied to the logits before sampling
         (upstream applies it in ``sample_tokens``, gpu_model_runner.py:4358)."""
+        self._swap_blocks(scheduler_output)
         self._update_states(scheduler_output)
         if not scheduler_output.total_num_scheduled_tokens:
             if self.kv_connector is not None:
@@ -784,6 +792,34 @@ class GPUModelRunner:
             logprobs=logprobs,
             kv_connector_output=kv_connector_output,
         )
+
+    def _swap_blocks(self, scheduler_output: SchedulerOutput) -> None:
+        """Phase 19's SwapScheduler (vLLM v0's CacheEngine.swap_out /
+        swap_in): copy the step's blocks GPU -> CPU, then CPU -> GPU, in every
+        layer, before the forward may overwrite them. A default SchedulerOutput
+        has neither map: nothing happens."""
+        swap_out = getattr(scheduler_output, "blocks_to_swap_out", None)
+        swap_in = getattr(scheduler_output, "blocks_to_swap_in", None)
+        if not swap_out and not swap_in:
+            return
+        start = time.perf_counter()
+        gpu_kv_caches = [layer.kv_cache for layer in self.model.attention_layers()]
+        if self.cpu_kv_caches is None:
+            self.cpu_kv_caches = [
+                torch.zeros((self.num_cpu_blocks, *kv.shape[1:]), dtype=kv.dtype, device="cpu")
+                for kv in gpu_kv_caches
+            ]
+        for pairs, sources, targets in (
+            (swap_out, gpu_kv_caches, self.cpu_kv_caches),
+            (swap_in, self.cpu_kv_caches, gpu_kv_caches),
+        ):
+            if not pairs:
+                continue
+            src = torch.tensor([a for a, _ in pairs], dtype=torch.long)
+            dst = torch.tensor([b for _, b in pairs], dtype=torch.long)
+            for source, target in zip(sources, targets, strict=True):
+                target[dst.to(target.device)] = source[src.to(source.device)].to(target.device)
+        self.swap_time += time.perf_counter() - start
 
     def _model_inputs_embeds(
         self, scheduler_output: SchedulerOutput, inputs: PreparedInputs
