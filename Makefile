@@ -23,7 +23,7 @@ help:
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
 	@echo "make upstream-tests  run upstream's own unit tests at the pin against mini_vllm"
 	@echo "make snapshots  re-record the upstream snapshots (scheduler, KV cache, KV sizing) the tests compare against"
-	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers; attention backends; async scheduling on/off; speculative decoding; structured outputs; sliding windows and prefix caching; quantization; multi-LoRA; KV connectors; tensor parallelism; multimodal encoder"
+	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers; attention backends; async scheduling on/off; speculative decoding; structured outputs; sliding windows and prefix caching; quantization; multi-LoRA; KV connectors; tensor parallelism; multimodal encoder; v1 vs swapping vs prefill-first"
 	@echo "make check-phase-03   grade your labs/ code for a phase (IMPL=ref: the reference)"
 	@echo "make check-lab-03.2   grade one lab"
 	@echo "make labs       bring labs/ starters up to date (keeps your code in lab regions)"
@@ -130,6 +130,7 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.kv_connector
 	$(BIN)/python -m mini_vllm.benchmarks.tensor_parallel
 	$(BIN)/python -m mini_vllm.benchmarks.multimodal
+	$(BIN)/python -m mini_vllm.benchmarks.scheduler_designs
 
 labs: setup
 	$(BIN)/python -m mini_vllm.grading generate
