@@ -14,6 +14,10 @@ Errors are one line on stderr, never a traceback: a bad argument exits 2
 (sampling parameters, device and dtype are checked before the model loads);
 a checkpoint that cannot be read exits 2; Ctrl-C exits 130; output cut short
 by a closed pipe (``| head``) exits 141, as a process killed by SIGPIPE would.
+
+With ``MINI_VLLM_STUDENT_PHASES`` set (``all``, or ``00,03``), the student's
+code of those phases in ``$MINI_VLLM_LABS_DIR`` (default ``labs/``) runs inside
+the reference's modules (mini_vllm/grading/assemble.py, Phase 19).
 """
 
 from __future__ import annotations
@@ -148,6 +152,15 @@ def serve(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Phase 19: $MINI_VLLM_STUDENT_PHASES runs the student's code of those
+    # phases inside the reference's modules (nothing happens when unset).
+    from mini_vllm.grading.assemble import install_from_env
+
+    try:
+        install_from_env()
+    except (ValueError, FileNotFoundError) as e:
+        print(f"mini-vllm: error: {e}", file=sys.stderr)
+        return 2
     if argv[:1] == ["serve"]:
         return serve(argv[1:])
     args = build_parser().parse_args(argv)

@@ -11,7 +11,11 @@
 - ``checks``: scheduler checks the graded suites share (snapshots, lockstep
   against the reference);
 - ``aging_checks``: Lab 09.2's promises of an aging rule, checked at every step;
-- ``diff_upstream``: a mini_vllm (or student) symbol beside upstream's at the pin.
+- ``diff_upstream``: a mini_vllm (or student) symbol beside upstream's at the pin;
+- ``assemble``: the student's code of every phase inside the reference's modules
+  (``MINI_VLLM_STUDENT_PHASES``), for Phase 19's whole engine;
+- ``capstone``: that engine served beside the reference's, the same ``openai``
+  requests to both, and the first phase whose code makes them differ.
 
 Run ``python -m mini_vllm.grading --help``.
 """

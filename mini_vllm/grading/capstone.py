@@ -1,0 +1,196 @@
+"""Phase 19's end-to-end grade: the student's whole engine served beside the
+reference, the same requests sent to both with the official ``openai`` client.
+
+``serve`` starts ``python -m mini_vllm serve`` in a subprocess on SmolLM2
+(with ``MINI_VLLM_STUDENT_PHASES`` set, the student's code of those phases
+runs inside the reference's modules: see assemble.py). ``transcript`` sends
+the requests and writes down what came back: greedy completions and chats,
+whole and streamed (text, the tokens the logprobs name, finish reason, token
+counts), four streams at once, a JSON-constrained chat (structured outputs
+are per request; speculative decoding is not: the server has no flag for it),
+and a client that disconnects mid-stream, after which the server's
+``/metrics`` must show every KV block free and nothing running. ``compare``
+names the first entry that differs; ``bisect`` names the first phase whose
+code makes it differ, by running the student's phases 00..k with the
+reference's code for the rest. There is no upstream counterpart.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from mini_vllm.grading import regions as R
+from mini_vllm.grading.assemble import PHASES_ENV
+
+START_TIMEOUT_S = 240
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+CHAT = [{"role": "user", "content": "Name a colour of the sky."}]
+MAX_TOKENS = 8
+
+
+class EngineDidNotStart(RuntimeError):
+    """The server exited, or never answered ``/health``, before the requests."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(labs: Path | None = None, phases: list[str] | None = None):
+    """A SmolLM2 server's URL: the reference's, or with the student's code of
+    ``phases`` from ``labs``. The server is stopped on exit."""
+    import httpx
+
+    env = dict(os.environ, VLLM_LOGGING_STREAM="ext://sys.stderr")
+    env.pop(PHASES_ENV, None)
+    if phases:
+        env[PHASES_ENV] = ",".join(phases)
+        env["MINI_VLLM_LABS_DIR"] = str(labs)
+    port = _free_port()
+    cmd = [sys.executable, "-m", "mini_vllm", "serve", "--port", str(port), "--max-num-seqs", "8"]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    lines = log.read().decode(errors="replace").strip().splitlines()
+                    raise EngineDidNotStart(lines[-1] if lines else f"exit status {proc.poll()}")
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _gauge(text: str, name: str) -> float:
+    found = re.findall(rf"^{re.escape(name)}\{{.*\}} (\S+)$", text, re.M)
+    return float(found[0]) if found else float("nan")
+
+
+def transcript(url: str) -> dict[str, object]:
+    """{what was asked: what came back}, in the order asked."""
+    import httpx
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    greedy = dict(model=model, max_tokens=MAX_TOKENS, temperature=0)
+    out: dict[str, object] = {}
+
+    for i, prompt in enumerate(PROMPTS):
+        r = client.completions.create(prompt=prompt, logprobs=0, **greedy)
+        c = r.choices[0]
+        tokens = c.logprobs.tokens if c.logprobs else None
+        out[f"completion {i}"] = (c.text, tokens, c.finish_reason, r.usage.completion_tokens)
+        chunks = client.completions.create(prompt=prompt, stream=True, **greedy)
+        parts = [(ch.choices[0].text, ch.choices[0].finish_reason) for ch in chunks if ch.choices]
+        out[f"completion {i}, streamed"] = ("".join(t for t, _ in parts), parts[-1][1])
+
+    r = client.chat.completions.create(messages=CHAT, **greedy)
+    out["chat"] = (r.choices[0].message.content, r.choices[0].finish_reason)
+    chunks = client.chat.completions.create(messages=CHAT, stream=True, **greedy)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    out["chat, streamed"] = text
+
+    def stream(prompt: str) -> str:
+        chunks = client.completions.create(prompt=prompt, stream=True, **greedy)
+        return "".join(ch.choices[0].text for ch in chunks if ch.choices)
+
+    concurrent = [f"{p} and" for p in PROMPTS] + [f"Once {p}" for p in PROMPTS]
+    with ThreadPoolExecutor(len(concurrent)) as pool:
+        out["four concurrent streams"] = list(pool.map(stream, concurrent))
+
+    choice = {"structured_outputs": {"choice": ["blue", "green", "red"]}}
+    r = client.chat.completions.create(messages=CHAT, extra_body=choice, **greedy)
+    out["chat constrained to a choice"] = r.choices[0].message.content
+
+    chunks = client.completions.create(
+        model=model, prompt="Tell a long story. " * 20, max_tokens=200, temperature=0, stream=True
+    )
+    for n, _ in enumerate(chunks):
+        if n == 2:
+            break
+    chunks.close()  # the client goes away mid-stream
+    deadline = time.monotonic() + 30
+    while True:
+        metrics = httpx.get(url + "/metrics").text
+        state = (
+            _gauge(metrics, "vllm:kv_cache_usage_perc"),
+            _gauge(metrics, "vllm:num_requests_running"),
+        )
+        if state == (0.0, 0.0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    out["after a disconnect: KV usage, running"] = state
+    return out
+
+
+def compare(reference: dict, student: dict) -> str | None:
+    """The first difference, in one line; None when the transcripts agree."""
+    for key, want in reference.items():
+        got = student.get(key)
+        if got != want:
+            return f"{key}: the reference's engine gave {want!r}, yours gave {got!r}"
+    return None
+
+
+def run_student(labs: Path, phases: list[str]) -> dict | str:
+    """The transcript of the student's engine, or why it could not be had."""
+    try:
+        with serve(labs, phases) as url:
+            return transcript(url)
+    except EngineDidNotStart as e:
+        return f"the engine did not start: {e}"
+    except Exception as e:  # the server broke mid-run: a 500, a dropped stream
+        return f"a request failed: {type(e).__name__}: {e}"
+
+
+def grade(labs: Path, reference: dict, phases: list[str] | None = None) -> str | None:
+    """None when the student's engine (``phases``; None: all, []: none, the
+    reference) answers as the reference's; else the first difference, in one line."""
+    got = run_student(labs, R.phases() if phases is None else phases)
+    return got if isinstance(got, str) else compare(reference, got)
+
+
+def bisect(labs: Path, reference: dict) -> str:
+    """The first phase, in course order, whose code makes the run differ: the
+    student's phases 00..k with the reference's after them, the smallest such
+    k found by binary search. One line."""
+    phases = R.phases()
+    lo, hi = 0, len(phases) - 1  # the student's phases[: hi + 1] are known to differ
+    if (why := grade(labs, reference, phases)) is None:
+        return "your engine answers as the reference's: no phase to name"
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (differs := grade(labs, reference, phases[: mid + 1])) is not None:
+            hi, why = mid, differs
+        else:
+            lo = mid + 1
+    return (
+        f"Phase {phases[hi]} is the first whose code makes your engine differ "
+        f"(phases {phases[0]}..{phases[hi]} yours, the rest the reference's): {why}"
+    )
