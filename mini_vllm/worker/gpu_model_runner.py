@@ -1035,6 +1035,7 @@ class GPUModelRunner:
         torch.cuda.synchronize(self.device)
 
     def _dummy_decode_metadata(self, key: BatchDescriptor) -> AttentionMetadata:
+        """Fill the buffers with a dummy decode batch of ``key``'s shape."""
         num_reqs, num_tokens = key.num_reqs, key.num_tokens
         self.input_ids.gpu[:num_tokens].zero_()
         self.positions.gpu[:num_tokens].zero_()
@@ -1045,12 +1046,20 @@ class GPUModelRunner:
         self.seq_lens.np[:num_reqs] = 1
         self.seq_lens.np[num_reqs:] = 0
         self.seq_lens.copy_to_gpu()
+        self.input_batch.block_table[0].slot_mapping.gpu.fill_(PAD_SLOT_ID)
+        return self._padded_decode_metadata(key)
+
+    def _padded_decode_metadata(self, key: BatchDescriptor) -> AttentionMetadata:
+        """The metadata a decode graph of ``key`` is captured with: views of
+        the persistent buffers at the padded sizes, so a replay reads whatever
+        ``_prepare_inputs`` wrote there. Rows past a step's requests hold
+        seq_len 0 and tokens past its tokens the padding slot."""
+        num_reqs, num_tokens = key.num_reqs, key.num_tokens
         block_table = self.input_batch.block_table[0]
-        block_table.slot_mapping.gpu.fill_(PAD_SLOT_ID)
         return AttentionMetadata(
             num_actual_tokens=num_tokens,
             max_query_len=1,
-            query_start_loc=qsl.gpu[: num_reqs + 1],
+            query_start_loc=self.query_start_loc.gpu[: num_reqs + 1],
             max_seq_len=self.max_model_len,
             seq_lens=self.seq_lens.gpu[:num_reqs],
             block_table=block_table.get_device_tensor(num_reqs),
