@@ -23,7 +23,7 @@ help:
 	@echo "make upstream   install vllm 0.22.1 (the pin) into .venv, CPU only"
 	@echo "make upstream-tests  run upstream's own unit tests at the pin against mini_vllm"
 	@echo "make snapshots  re-record the upstream snapshots (scheduler, KV cache, KV sizing) the tests compare against"
-	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers; attention backends; async scheduling on/off; speculative decoding; structured outputs; sliding windows and prefix caching; quantization; multi-LoRA; KV connectors; tensor parallelism; multimodal encoder; v1 vs swapping vs prefill-first"
+	@echo "make bench      scheduler loop vs upstream; engine throughput vs transformers; attention backends; async scheduling on/off; speculative decoding; structured outputs; sliding windows and prefix caching; quantization; multi-LoRA; KV connectors; tensor parallelism; multimodal encoder; v1 vs swapping vs prefill-first; the roofline (engine time against the machine's limit)"
 	@echo "make check-phase-03   grade your labs/ code for a phase (IMPL=ref: the reference)"
 	@echo "make check-lab-03.2   grade one lab"
 	@echo "make labs       bring labs/ starters up to date (keeps your code in lab regions)"
@@ -116,6 +116,7 @@ bench: upstream
 	$(BIN)/python -m mini_vllm.benchmarks.scheduler
 	$(BIN)/python -m mini_vllm.benchmarks.throughput
 	$(BIN)/python -m mini_vllm.benchmarks.continuous_batching
+	$(BIN)/python -m mini_vllm.benchmarks.roofline
 	$(BIN)/python -m mini_vllm.benchmarks.fragmentation
 	$(BIN)/python -m mini_vllm.benchmarks.prefix_caching
 	$(BIN)/python -m mini_vllm.benchmarks.attention

@@ -27,7 +27,7 @@ and the embedding lookup (no matmul, few bytes). Also left out: tensor and
 pipeline parallelism (``per_gpu``), mixture-of-experts, quantized weight sizes
 and the config parsers; the sizes come from the Hugging Face config and the
 run's dtypes instead. Differs from upstream: ``activation_byte_size`` is the
-model's dtype size (upstream fixes it at 2, a FIXME at perf.py:344), so a
+model's dtype size (upstream fixes it at 2, a FIXME at perf.py:343), so a
 float32 run's activation bytes are counted as float32.
 """
 
