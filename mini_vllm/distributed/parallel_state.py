@@ -98,9 +98,12 @@ class GroupCoordinator:
     def is_first_rank(self) -> bool:
         return self.rank_in_group == 0
 
+    # BEGIN LAB 17.1: the all-reduce: every rank gets the sum
     def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of ``input_`` over the group, on every rank
         (computed in place; the sum is returned)."""
+        # HINT: a group of one returns its input untouched; count the call (self._count) and time it
+        # HINT: (self.comm_seconds) before handing input_ to torch.distributed on self.device_group.
         if self.world_size == 1:
             return input_
         self._count("all_reduce", input_)
@@ -109,9 +112,14 @@ class GroupCoordinator:
         self.comm_seconds["all_reduce"] += time.perf_counter() - start
         return input_
 
+    # END LAB 17.1
+
+    # BEGIN LAB 17.1: the all-gather: every rank's slice, concatenated along dim
     def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Every rank's ``input_`` concatenated along ``dim``, in rank order,
         on every rank."""
+        # HINT: torch.distributed gathers along a new leading dim (dist.all_gather_single into a
+        # HINT: [world_size * rows, ...] tensor); move that dim next to `dim`, then merge the two.
         if self.world_size == 1:
             return input_
         if not -input_.dim() <= dim < input_.dim():
@@ -132,6 +140,8 @@ class GroupCoordinator:
         shape = list(input_.shape)
         shape[dim] *= self.world_size
         return out.reshape(shape)
+
+    # END LAB 17.1
 
     def broadcast(self, input_: torch.Tensor, src: int = 0) -> torch.Tensor:
         """``input_`` of rank ``src`` (in the group) copied into every rank's ``input_``."""

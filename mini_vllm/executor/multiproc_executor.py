@@ -92,6 +92,7 @@ class MultiprocExecutor:
         self.vocab_size = self.collective_rpc("init_runner", args=(num_blocks,))[0]
         self.kv_cache = setups[0]._replace(num_blocks=num_blocks)
 
+    # BEGIN LAB 17.3: one call on every worker: send it to each, wait for all, fail on any
     def collective_rpc(
         self,
         method: str,
@@ -102,6 +103,10 @@ class MultiprocExecutor:
         """Call ``WorkerProc.<method>(*args)`` on every worker and wait for
         all of them; the answers in rank order (only ``unique_reply_rank``'s
         holds a value when it is set)."""
+        # HINT: each worker reads (method, args, unique_reply_rank) from its pipe (self.conns) and
+        # HINT: answers ("ok", value) or ("error", traceback). Wait on the pipes and on the
+        # HINT: processes' sentinels together (multiprocessing.connection.wait) until every rank
+        # HINT: answered; an error, a death or the timeout goes through self._fail, naming the rank.
         if self.is_failed:
             raise WorkerFailedError("the executor's workers have failed and were stopped")
         timeout = execute_model_timeout() if timeout is None else timeout
@@ -128,7 +133,10 @@ class MultiprocExecutor:
                 try:
                     status, value = conn.recv()
                 except (EOFError, OSError):
-                    continue  # it died: its sentinel says so
+                    # Its end of the pipe closed: it died (no other rank may notice).
+                    self.procs[rank].join(1)
+                    code = self.procs[rank].exitcode
+                    self._fail(f"worker rank {rank} died during {method!r} (exit code {code})")
                 if status == "error":
                     # A rank whose peer died fails in its next collective: name the dead one.
                     dead = [r for r, proc in enumerate(self.procs) if not proc.is_alive()]
@@ -146,12 +154,19 @@ class MultiprocExecutor:
                     self._fail(f"worker rank {rank} died during {method!r} (exit code {code})")
         return answers
 
+    # END LAB 17.3
+
+    # BEGIN LAB 17.3: a step: every rank runs it, rank 0 answers
     def execute_model(self, scheduler_output, grammar_output=None):
         """Run one step on every rank; rank 0's ``ModelRunnerOutput``."""
+        # HINT: the workers' execute_model returns (ModelRunnerOutput, forward seconds); keep the
+        # HINT: seconds in self.forward_time.
         output, self.forward_time = self.collective_rpc(
             "execute_model", args=(scheduler_output, grammar_output), unique_reply_rank=0
         )[0]
         return output
+
+    # END LAB 17.3
 
     def take_draft_token_ids(self):
         return None  # speculative decoding is refused with tensor parallelism

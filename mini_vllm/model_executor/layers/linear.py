@@ -224,15 +224,30 @@ class ColumnParallelLinear(LinearBase):
             return self.output_size
         return self.output_sizes[self.shard_ids.index(shard_id)]
 
+    # BEGIN LAB 17.1: a column-parallel weight's slice: which checkpoint rows this rank keeps
     def checkpoint_layout(self, param_name, shard_id, target_shape):
+        """(the checkpoint tensor's whole shape, the dim this rank slices, where
+        its slice starts) for ``param_name``'s rows of shard ``shard_id``;
+        ``target_shape`` is this rank's part (upstream: ``weight_loader`` :533)."""
+        # HINT: checkpoint_rows(shard_id) is the shard's rows in the checkpoint; the weight
+        # HINT: and the bias both keep target_shape[0] of them, the shard_rank(shard_id)-th part.
         whole = (self.checkpoint_rows(shard_id), *target_shape[1:])
         return whole, 0, self.shard_rank(shard_id) * target_shape[0]
 
+    # END LAB 17.1
+
+    # BEGIN LAB 17.1: a column-parallel layer's output: this rank's slice, or all of it
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of ``y``; all of ``y`` on every rank with
+        ``gather_output`` (upstream: ``forward`` :578)."""
+        # HINT: self.quant_method.apply(self, x, self.bias) computes this rank's columns;
+        # HINT: the whole y is a collective of communication_op away (only when there are ranks).
         output = self.quant_method.apply(self, x, self.bias)
         if self.gather_output and self.tp_size > 1:
             output = tensor_model_parallel_all_gather(output)
         return output
+
+    # END LAB 17.1
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -283,6 +298,10 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.total_num_heads = total_num_heads
         self.total_num_kv_heads = total_num_kv_heads or total_num_heads
         tp_size = 1 if disable_tp else get_tensor_model_parallel_world_size()
+        # BEGIN LAB 17.2: the heads a rank holds: query heads split, KV heads split or shared
+        # HINT: set self.num_heads, self.num_kv_heads and self.num_kv_head_replicas (how many
+        # HINT: ranks hold each KV head) from total_num_heads, self.total_num_kv_heads and tp_size;
+        # HINT: divide() refuses a split that is not whole, with one clear line.
         self.num_heads = divide(total_num_heads, tp_size)
         if tp_size >= self.total_num_kv_heads:
             # Fewer KV heads than ranks: one a rank, each on tp / total ranks.
@@ -291,11 +310,15 @@ class QKVParallelLinear(ColumnParallelLinear):
         else:
             self.num_kv_heads = divide(self.total_num_kv_heads, tp_size)
             self.num_kv_head_replicas = 1
+        # END LAB 17.2
         # The sizes as if every rank's part were distinct (upstream's output_sizes).
         sizes = [self.num_heads * head_size * tp_size] + [
             self.num_kv_heads * head_size * tp_size
         ] * 2
-        super().__init__(
+        # The base class by name, not super(): the lab starter's class
+        # subclasses this one, and super() there would run this method again.
+        ColumnParallelLinear.__init__(
+            self,
             hidden_size,
             sum(sizes),
             bias,
@@ -306,14 +329,26 @@ class QKVParallelLinear(ColumnParallelLinear):
             shard_ids=["q", "k", "v"],
         )
 
+    # BEGIN LAB 17.2: which part of a q, k or v checkpoint tensor this rank keeps
     def shard_rank(self, shard_id) -> int:
+        """The part of shard ``shard_id`` ("q", "k" or "v") this rank holds,
+        counted in this rank's head count (upstream: linear.py:1364-1366)."""
+        # HINT: query heads: the rank's own part; a KV head held by num_kv_head_replicas ranks
+        # HINT: is the same part on each of them.
         if shard_id == "q":
             return self.tp_rank
         return self.tp_rank // self.num_kv_head_replicas
 
+    # END LAB 17.2
+
+    # BEGIN LAB 17.2: how many rows a q, k or v checkpoint tensor has
     def checkpoint_rows(self, shard_id) -> int:
+        """The rows of shard ``shard_id``'s tensor in the checkpoint: all its heads."""
+        # HINT: a head is head_size rows; "k" and "v" have the same total head count.
         heads = {"q": self.total_num_heads, "k": self.total_num_kv_heads}
         return heads.get(shard_id, self.total_num_kv_heads) * self.head_size
+
+    # END LAB 17.2
 
 
 class RowParallelLinear(LinearBase):
@@ -341,13 +376,27 @@ class RowParallelLinear(LinearBase):
         self.input_is_parallel = input_is_parallel
         self.reduce_results = reduce_results
 
+    # BEGIN LAB 17.1: a row-parallel weight's slice: which checkpoint columns this rank keeps
     def checkpoint_layout(self, param_name, shard_id, target_shape):
+        """(the checkpoint tensor's whole shape, the dim this rank slices or
+        None, where its slice starts) for ``param_name`` (upstream:
+        ``weight_loader`` :1496)."""
+        # HINT: the bias is whole on every rank (nothing sliced); the weight [out, in] keeps
+        # HINT: input_size_per_partition of the input_size columns, rank after rank.
         if param_name == "bias":  # whole on every rank
             return tuple(target_shape), None, 0
         whole = (target_shape[0], self.input_size)
         return whole, 1, self.tp_rank * self.input_size_per_partition
 
+    # END LAB 17.1
+
+    # BEGIN LAB 17.1: a row-parallel layer's output: partial sums, added up once
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``y`` from this rank's slice of ``x`` (its whole ``x`` unless
+        ``input_is_parallel``): a partial sum, all-reduced when
+        ``reduce_results`` (upstream: ``forward`` :1540)."""
+        # HINT: with input_is_parallel=False, x is whole: take this rank's equal part of its last dim.
+        # HINT: the bias goes in once over the group (on rank 0 only), before the partial sums add up.
         if not self.input_is_parallel:
             x = x.chunk(self.tp_size, dim=-1)[self.tp_rank].contiguous()
         bias = self.bias if self.tp_rank == 0 else None
@@ -355,3 +404,5 @@ class RowParallelLinear(LinearBase):
         if self.reduce_results and self.tp_size > 1:
             output = tensor_model_parallel_all_reduce(output)
         return output
+
+    # END LAB 17.1

@@ -77,13 +77,18 @@ def vocab_range_from_global_vocab_size(
     return rank * per_partition, (rank + 1) * per_partition
 
 
+# BEGIN LAB 17.2: token ids as rows of this rank's table, and which ids it lacks
 def get_masked_input_and_mask(
     input_: torch.Tensor, org_vocab_start_index: int, org_vocab_end_index: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids as rows of this rank's table, 0 where the rank lacks the id;
     True where it lacks it)."""
+    # HINT: an id in [org_vocab_start_index, org_vocab_end_index) is row id - start here.
     mask = (input_ >= org_vocab_start_index) & (input_ < org_vocab_end_index)
     return (input_ - org_vocab_start_index) * mask, ~mask
+
+
+# END LAB 17.2
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -95,7 +100,9 @@ class VocabParallelEmbedding(nn.Module):
         prefix: str = "",
         padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
     ) -> None:
-        super().__init__()
+        # The base class by name, not super(): the lab starter's class
+        # subclasses this one, and super() there would run this method again.
+        nn.Module.__init__(self)
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
         self.num_embeddings = self.org_vocab_size = num_embeddings
@@ -103,6 +110,11 @@ class VocabParallelEmbedding(nn.Module):
         self.prefix = prefix
         if self.tp_size > 1 and quant_config is not None:
             raise ValueError(f"{prefix}: a quantized table cannot be split over ranks in mini_vllm")
+        # BEGIN LAB 17.2: the padded vocabulary and this rank's ids in it
+        # HINT: set self.num_embeddings_padded (padded to padding_size only when split over
+        # HINT: ranks), self.num_embeddings_per_partition (this rank's table rows) and
+        # HINT: [self.org_vocab_start_index, self.org_vocab_end_index): the real ids this rank
+        # HINT: holds, padding left out (pad_vocab_size and vocab_range_from_global_vocab_size).
         padded = num_embeddings
         if self.tp_size > 1:
             padded = pad_vocab_size(num_embeddings, padding_size)
@@ -112,6 +124,7 @@ class VocabParallelEmbedding(nn.Module):
         # This rank's ids, padding left out: [org_vocab_start_index, org_vocab_end_index).
         self.org_vocab_start_index = min(start, num_embeddings)
         self.org_vocab_end_index = min(end, num_embeddings)
+        # END LAB 17.2
         # The table seen as a linear layer's weight [out, in], one shard.
         self.input_size, self.output_sizes, self.shard_ids = embedding_dim, [num_embeddings], [None]
         method = quant_config.get_quant_method(self, prefix) if quant_config else None
@@ -120,7 +133,12 @@ class VocabParallelEmbedding(nn.Module):
             self, embedding_dim, [self.num_embeddings_per_partition], torch.get_default_dtype()
         )
 
+    # BEGIN LAB 17.2: the embedding split by vocabulary: look up what this rank has, sum
     def forward(self, input_: torch.Tensor) -> torch.Tensor:
+        """Each token id's row of the whole table, on every rank (upstream:
+        ``forward`` :470)."""
+        # HINT: self.quant_method.embedding(self, ids) looks rows up in this rank's table;
+        # HINT: a row for an id this rank lacks must add nothing to the all-reduced sum.
         if self.tp_size == 1:
             return self.quant_method.embedding(self, input_)
         masked_input, input_mask = get_masked_input_and_mask(
@@ -129,6 +147,8 @@ class VocabParallelEmbedding(nn.Module):
         output = self.quant_method.embedding(self, masked_input)
         output.masked_fill_(input_mask.unsqueeze(-1), 0)
         return tensor_model_parallel_all_reduce(output)
+
+    # END LAB 17.2
 
     def weight_loader(
         self, param_name: str, loaded: torch.Tensor, shard_id=None, ckpt_name: str = ""

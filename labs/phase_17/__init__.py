@@ -1,0 +1,1 @@
+"""Phase 17 lab starters (generated; see each module's docstring)."""
