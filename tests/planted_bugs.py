@@ -593,6 +593,47 @@ PLANTS = [
         "self.abort(collector.child_ids[:1])",
         "a disconnect aborts only the request's first child",
     ),
+    # ---- Phase 17: tensor parallelism
+    # issue 35 (lab 17.1's HINT: the bias goes in once over the group)
+    Plant(
+        "17",
+        "mini_vllm/model_executor/layers/linear.py",
+        "        bias = self.bias if self.tp_rank == 0 else None\n",
+        "        bias = self.bias\n",
+        "a row-parallel layer adds its bias on every rank: the all-reduce adds it tp times",
+    ),
+    # issue 35 (lab 17.1's HINT: move the gathered dim next to `dim`)
+    Plant(
+        "17",
+        "mini_vllm/distributed/parallel_state.py",
+        "out = out.reshape((self.world_size,) + tuple(input_.shape)).movedim(0, dim)",
+        "out = out.reshape((self.world_size,) + tuple(input_.shape))",
+        "all_gather stacks the ranks' tensors without moving them next to dim: wrong order",
+    ),
+    # issue 35 (lab 17.2: a KV head shared by several ranks is the same part on each)
+    Plant(
+        "17",
+        "mini_vllm/model_executor/layers/linear.py",
+        "        return self.tp_rank // self.num_kv_head_replicas\n",
+        "        return self.tp_rank % self.total_num_kv_heads\n",
+        "ranks sharing KV heads take them round-robin, not in runs of num_kv_head_replicas",
+    ),
+    # issue 35 (lab 17.2: the vocabulary is padded to 64 before it is split)
+    Plant(
+        "17",
+        "mini_vllm/model_executor/layers/vocab_parallel_embedding.py",
+        "            padded = pad_vocab_size(num_embeddings, padding_size)\n",
+        "            padded = pad_vocab_size(num_embeddings, self.tp_size)\n",
+        "the vocabulary is padded to a multiple of the rank count, not of 64",
+    ),
+    # issue 35 (lab 17.3: a worker that raised fails the executor)
+    Plant(
+        "17",
+        "mini_vllm/executor/multiproc_executor.py",
+        '                if status == "error":\n',
+        '                if status == "error" and method == "execute_model":\n',
+        "collective_rpc takes a worker's error as its answer, except during a step",
+    ),
 ]
 
 

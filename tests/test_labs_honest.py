@@ -71,6 +71,11 @@ says which run keeps the proof):
   connector-less run's and transformers') runs on the solved copy only, for
   the same reason; the reference engine's stored-prefix runs are proven by
   tests/test_example_connector.py.
+- Lab 17.4 (the tiny Llama at TP=2, and SmolLM2 at TP=3 in the deep tier,
+  through an engine whose executor and workers run every Phase 17 piece,
+  greedy tokens equal to TP=1 and transformers') runs on the solved copy
+  only, for the same reason; the reference engine's TP runs are proven
+  against transformers by tests/test_tensor_parallel.py.
 """
 
 from __future__ import annotations
@@ -101,6 +106,7 @@ SOLVED_COPY_ONLY = {
     "12": "12.4",
     "13": "13.4",
     "15": "15.4",
+    "17": "17.4",
 }
 
 

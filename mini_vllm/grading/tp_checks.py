@@ -398,7 +398,7 @@ class OneRankOfMany:
 @contextlib.contextmanager
 def as_rank(tp: int, rank: int):
     """Layers built inside see rank ``rank`` of ``tp``, mini_vllm's and upstream's alike."""
-    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state as up_ps
 
     from mini_vllm.distributed import parallel_state as mini_ps

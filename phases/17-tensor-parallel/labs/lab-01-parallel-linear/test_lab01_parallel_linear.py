@@ -53,7 +53,9 @@ def check_layer(results: list[dict], name: str) -> None:
             f"upstream's {tuple(got['up_y'].shape)}"
         )
         diff = (got["mini_y"] - got["up_y"]).abs().max().item()
-        assert diff <= 1e-5, f"rank {rank}, {name}: your output differs from upstream's by {diff:.2e}"
+        assert diff <= 1e-5, (
+            f"rank {rank}, {name}: your output differs from upstream's by {diff:.2e}"
+        )
 
 
 @pytest.mark.points(3)

@@ -143,9 +143,7 @@ VOCABS = [1, 63, 64, 65, 150, 1000, 49152]
 def vocab_splits() -> list[tuple[int, int]]:
     """(vocabulary, ranks > 1) whose padded vocabulary the ranks share evenly."""
     return [
-        (v, tp)
-        for v, tp in itertools.product(VOCABS, [2, 3, 4, 8])
-        if -(-v // 64) * 64 % tp == 0
+        (v, tp) for v, tp in itertools.product(VOCABS, [2, 3, 4, 8]) if -(-v // 64) * 64 % tp == 0
     ]
 
 
@@ -176,7 +174,9 @@ def both_vocab(impl, vocab: int, tp: int, rank: int):
 
 
 def vocab_ids(vocab: int) -> torch.Tensor:
-    return torch.unique(torch.tensor([0, 1, vocab // 3, vocab // 2, vocab - 2, vocab - 1]).clamp(0, vocab - 1))
+    return torch.unique(
+        torch.tensor([0, 1, vocab // 3, vocab // 2, vocab - 2, vocab - 1]).clamp(0, vocab - 1)
+    )
 
 
 @pytest.mark.points(4)
@@ -231,9 +231,10 @@ def test_masked_ids_equal_upstreams(impl):
                 )
                 got = written(mask_fn, ids, si.org_vocab_start_index, si.org_vocab_end_index)
                 for part, mine, theirs in zip(("rows", "mask"), got, want, strict=True):
+                    wrong = torch.nonzero(mine != theirs).flatten()[:5].tolist()
                     assert torch.equal(mine, theirs), (
                         f"a vocabulary of {vocab} over {tp} ranks, rank {rank}: your {part} "
-                        f"differ from upstream's at ids {torch.nonzero(mine != theirs)[:5].flatten().tolist()}"
+                        f"differ from upstream's at ids {wrong}"
                     )
 
 
