@@ -190,3 +190,22 @@ def test_ray_tiny_llama_tp2_equals_transformers_and_a_dead_actor_fails(tiny_llam
         assert not ray.is_initialized(), "the executor's local Ray cluster was left running"
     finally:
         split.llm_engine.engine_core.shutdown()
+
+
+def test_a_dead_worker_is_named_when_no_other_rank_notices():
+    """A worker killed between calls while its peers sit idle (no collective
+    fails on them): its closed pipe fails the executor, naming it, and every
+    worker is stopped. Before, collective_rpc read EOF from that pipe,
+    skipped it as "its sentinel says so", and the sentinel check skipped it
+    too (the pipe was readable), so the call waited forever."""
+    from mini_vllm.executor.multiproc_executor import MultiprocExecutor
+    from mini_vllm.grading.tp_checks import executor_over_echo_workers, wait_gone
+
+    executor = executor_over_echo_workers(MultiprocExecutor, 2)
+    procs = list(executor.procs)
+    assert executor.collective_rpc("whoami", timeout=30) == [0, 1]
+    os.kill(procs[1].pid, signal.SIGKILL)
+    procs[1].join(10)
+    with pytest.raises(WorkerFailedError, match="worker rank 1 died"):
+        executor.collective_rpc("whoami", timeout=30)
+    assert not wait_gone(procs), "a worker process was left running"
