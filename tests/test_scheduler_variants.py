@@ -274,6 +274,12 @@ def test_the_default_scheduler_does_mix():
     assert any(mixed)
 
 
+def test_swap_scheduler_refuses_what_it_cannot_swap():
+    for kwargs, field in (({"policy": "priority"}, "policy"), ({"kv_groups": [None, 4]}, "group")):
+        with pytest.raises(ValueError, match=field):
+            mini.create_scheduler(scheduler_cls=SwapScheduler, **kwargs)
+
+
 # ------------------------------------------------------------ real weights
 
 
