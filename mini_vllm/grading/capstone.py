@@ -57,7 +57,7 @@ def serve(labs: Path | None = None, phases: list[str] | None = None):
     env.pop(PHASES_ENV, None)
     if phases:
         env[PHASES_ENV] = ",".join(phases)
-        env["MINI_VLLM_LABS_DIR"] = str(labs)
+        env["MINI_VLLM_LABS_DIR"] = str(Path(labs).resolve())
     port = _free_port()
     cmd = [sys.executable, "-m", "mini_vllm", "serve", "--port", str(port), "--max-num-seqs", "8"]
     with tempfile.TemporaryFile() as log:
@@ -176,13 +176,15 @@ def grade(labs: Path, reference: dict, phases: list[str] | None = None) -> str |
     return got if isinstance(got, str) else compare(reference, got)
 
 
-def bisect(labs: Path, reference: dict) -> str:
+def bisect(labs: Path, reference: dict, why: str | None = None) -> str:
     """The first phase, in course order, whose code makes the run differ: the
     student's phases 00..k with the reference's after them, the smallest such
-    k found by binary search. One line."""
+    k found by binary search (so it assumes that once a phase's code makes the
+    run differ, adding later phases' code keeps it differing). ``why``: the
+    whole engine's difference, when already known. One line."""
     phases = R.phases()
     lo, hi = 0, len(phases) - 1  # the student's phases[: hi + 1] are known to differ
-    if (why := grade(labs, reference, phases)) is None:
+    if why is None and (why := grade(labs, reference, phases)) is None:
         return "your engine answers as the reference's: no phase to name"
     while lo < hi:
         mid = (lo + hi) // 2
