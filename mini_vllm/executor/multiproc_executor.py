@@ -182,7 +182,7 @@ class MultiprocExecutor:
         raise WorkerFailedError(f"{message}\nAll {self.world_size} workers were stopped.")
 
     def shutdown(self) -> None:
-        """Stop every worker (asked, then terminated, then killed) and wait for them."""
+        """Stop every worker (asked first, killed if still alive 5 s later) and wait for them."""
         self._finalizer()
 
 
