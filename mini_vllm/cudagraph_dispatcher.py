@@ -46,9 +46,11 @@ class CudagraphDispatcher:
         # NONE until the runner calls initialize_cudagraph_keys.
         self.cudagraph_mode = CUDAGraphMode.NONE
 
+    # BEGIN LAB 18.2: the padded size of every batch size
     def _compute_bs_to_padded_graph_size(self) -> None:
         """``_bs_to_padded_graph_size[n]``: the smallest captured size >= n,
         for every n up to the largest captured size (0 stays 0)."""
+        # HINT: upstream: vllm/v1/cudagraph_dispatcher.py:76. capture_sizes are sorted ascending.
         max_size = self.compilation_config.max_cudagraph_capture_size
         capture_sizes = self.compilation_config.cudagraph_capture_sizes
         assert max_size is not None and capture_sizes is not None, "capture sizes not set"
@@ -59,6 +61,9 @@ class CudagraphDispatcher:
                 self._bs_to_padded_graph_size[n] = size
             previous = size
 
+    # END LAB 18.2
+
+    # BEGIN LAB 18.2: a batch's padded key
     def _create_padded_batch_descriptor(
         self, num_tokens: int, uniform_decode: bool
     ) -> BatchDescriptor:
@@ -67,6 +72,7 @@ class CudagraphDispatcher:
         request count is the padded tokens over the decode query length, any
         other batch's is the padded tokens (one token a request at most);
         both are capped at max_num_seqs."""
+        # HINT: upstream: cudagraph_dispatcher.py:136. The FULL check is has_mode, not ==.
         max_num_seqs = self.vllm_config.scheduler_config.max_num_seqs
         num_tokens_padded = self._bs_to_padded_graph_size[num_tokens]
         if uniform_decode and self.cudagraph_mode.has_mode(CUDAGraphMode.FULL):
@@ -79,10 +85,13 @@ class CudagraphDispatcher:
             num_tokens=num_tokens_padded, num_reqs=num_reqs, uniform=uniform_decode
         )
 
+    # END LAB 18.2
+
     def add_cudagraph_key(self, runtime_mode: CUDAGraphMode, batch_descriptor: BatchDescriptor):
         assert runtime_mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL), runtime_mode
         self.cudagraph_keys[runtime_mode].add(batch_descriptor)
 
+    # BEGIN LAB 18.2: the keys of the graphs to capture
     def initialize_cudagraph_keys(
         self, cudagraph_mode: CUDAGraphMode, uniform_decode_query_len: int = 1
     ) -> None:
@@ -91,6 +100,8 @@ class CudagraphDispatcher:
         any request count and not uniform); a separate FULL decode mode gets a
         uniform key per capture size from the decode query length up to
         ``uniform_decode_query_len * max_num_seqs`` tokens."""
+        # HINT: upstream: cudagraph_dispatcher.py:170. mixed_mode(), decode_mode() and
+        # HINT: separate_routine() are CUDAGraphMode's; a PIECEWISE key drops num_reqs and uniform.
         self.cudagraph_mode = cudagraph_mode
         if cudagraph_mode == CUDAGraphMode.NONE:
             self.keys_initialized = True
@@ -116,6 +127,9 @@ class CudagraphDispatcher:
                     self.add_cudagraph_key(CUDAGraphMode.FULL, key)
         self.keys_initialized = True
 
+    # END LAB 18.2
+
+    # BEGIN LAB 18.2: a step's mode and key
     def dispatch(
         self,
         num_tokens: int,
@@ -128,6 +142,7 @@ class CudagraphDispatcher:
         tokens). Modes are tried FULL first, then PIECEWISE (with the key
         relaxed to any request count), among ``valid_modes`` (None: all three)
         less ``invalid_modes``; NONE, with an unpadded key, when none fits."""
+        # HINT: upstream: cudagraph_dispatcher.py:239. NONE's key is BatchDescriptor(num_tokens).
         allowed_modes = valid_modes or CUDAGraphMode.valid_runtime_modes()
         if invalid_modes:
             allowed_modes = allowed_modes - invalid_modes
@@ -155,6 +170,8 @@ class CudagraphDispatcher:
             f"no graph fits and NONE is not in {allowed_modes}"
         )
         return CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
+
+    # END LAB 18.2
 
     def get_capture_descs(self) -> list[tuple[CUDAGraphMode, list[BatchDescriptor]]]:
         """The graphs to capture: PIECEWISE keys, then FULL keys, each

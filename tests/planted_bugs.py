@@ -634,6 +634,56 @@ PLANTS = [
         '                if status == "error" and method == "execute_model":\n',
         "collective_rpc takes a worker's error as its answer, except during a step",
     ),
+    # ---- Phase 18: performance engineering
+    # Lab 18.1's docstring: "a running one is a prefill when it has more than one token scheduled"
+    Plant(
+        "18",
+        "mini_vllm/metrics/perf.py",
+        "ctx.add(n, computed + n, is_prefill=n > 1)",
+        "ctx.add(n, computed + n, is_prefill=False)",
+        "a running request's prefill chunk (or a resumed request) is counted as a decode",
+    ),
+    # Lab 18.1's hint: the decode reads its cached keys and values at cache_byte_size
+    Plant(
+        "18",
+        "mini_vllm/metrics/perf.py",
+        "            prefill = ctx.prefill_num_tokens * q + 2 * ctx.prefill_context_len * kv\n",
+        "            prefill = ctx.prefill_num_tokens * q + 2 * ctx.prefill_num_tokens * kv\n",
+        "a prefill's attention reads only its new keys and values, not its cached prefix's",
+    ),
+    # Lab 18.2: NONE above the largest captured size, not at it
+    Plant(
+        "18",
+        "mini_vllm/cudagraph_dispatcher.py",
+        "or num_tokens > max_size",
+        "or num_tokens >= max_size",
+        "a step of exactly the largest captured size runs eagerly instead of replaying its graph",
+    ),
+    # Lab 18.2's hint: "The FULL check is has_mode, not =="
+    Plant(
+        "18",
+        "mini_vllm/cudagraph_dispatcher.py",
+        "if uniform_decode and self.cudagraph_mode.has_mode(CUDAGraphMode.FULL):",
+        "if uniform_decode and self.cudagraph_mode == CUDAGraphMode.FULL:",
+        "a uniform decode batch loses its uniform key in FULL_DECODE_ONLY and FULL_AND_PIECEWISE",
+    ),
+    # Lab 18.3: a re-admission after a preemption does not move scheduled_ts
+    Plant(
+        "18",
+        "mini_vllm/metrics/stats.py",
+        "                if req_stats.scheduled_ts == 0.0:\n"
+        "                    req_stats.scheduled_ts = event.timestamp\n",
+        "                req_stats.scheduled_ts = event.timestamp\n",
+        "every SCHEDULED event moves scheduled_ts, so a preempted request's queue time grows",
+    ),
+    # Lab 18.3's hint: "a negative cached count means none"
+    Plant(
+        "18",
+        "mini_vllm/metrics/loggers.py",
+        "finished.num_prompt_tokens - max(finished.num_cached_tokens, 0)",
+        "finished.num_prompt_tokens - finished.num_cached_tokens",
+        "a request with no cached count (-1) observes one prefill token too many",
+    ),
 ]
 
 

@@ -279,6 +279,12 @@ class PrometheusStatLogger:
 
         if iteration_stats is None:
             return
+        # BEGIN LAB 18.3: a step's iteration stats into the counters and histograms
+        # HINT: receives iteration_stats (not None); leaves nothing defined. Upstream:
+        # HINT: vllm/v1/metrics/loggers.py:1058, the part after the scheduler stats.
+        # HINT: counters .inc(n), histograms .observe(x); one observation per list entry.
+        # HINT: a finished request: its reason's success counter, then its intervals, sizes,
+        # HINT: prefill tokens computed (a negative cached count means none), TPOT, max_tokens.
         self.counter_num_preempted_reqs.inc(iteration_stats.num_preempted_reqs)
         self.counter_prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         prompt = iteration_stats.prompt_token_stats
@@ -315,6 +321,7 @@ class PrometheusStatLogger:
             )
             if finished.max_tokens_param:
                 self.histogram_max_tokens_request.observe(finished.max_tokens_param)
+        # END LAB 18.3
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

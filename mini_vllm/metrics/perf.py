@@ -74,11 +74,15 @@ class ExecutionContext:
         """Rows of logits: a prefill's last token, every decode token."""
         return self.num_prefill_requests + self.decode_num_tokens
 
+    # BEGIN LAB 18.1: a step's requests, prefill or decode
     @classmethod
     def from_scheduler_output(cls, scheduler_output) -> ExecutionContext:
         """The step's context as upstream builds it
         (``get_step_perf_stats_per_gpu``): a new request is a prefill; a running
         one is a prefill when it has more than one token scheduled."""
+        # HINT: upstream: vllm/v1/metrics/perf.py:1056. context_len = tokens computed
+        # HINT: before the step + tokens scheduled now (num_scheduled_tokens[req_id]).
+        # HINT: a request with 0 tokens scheduled is skipped.
         ctx = cls()
         scheduled = scheduler_output.num_scheduled_tokens
         for req in scheduler_output.scheduled_new_reqs:
@@ -89,6 +93,8 @@ class ExecutionContext:
             if n := scheduled.get(req_id, 0):
                 ctx.add(n, computed + n, is_prefill=n > 1)
         return ctx
+
+    # END LAB 18.1
 
 
 @dataclass
@@ -104,7 +110,13 @@ class AttentionMetrics:
     weight_byte_size: int
     cache_byte_size: int
 
+    # BEGIN LAB 18.1: attention's FLOPs
     def get_num_flops_breakdown(self, ctx: ExecutionContext) -> dict[str, int]:
+        """Keys ``qkv_proj``, ``attn_qk``, ``attn_av``, ``out_proj``: every layer's
+        FLOPs (upstream: perf.py:432). A matmul of [T, k] by [k, n] is 2 T k n."""
+        # HINT: self._sizes() gives (layers, hidden, heads, kv heads, head dim).
+        # HINT: Q K^T and P V each cost 2 * heads * head_dim per (query, key) pair: use
+        # HINT: ctx.total_token_context_product(), the whole rectangle (no causal half).
         L, D, q, kv, d = self._sizes()
         T, TC = ctx.total_num_tokens(), ctx.total_token_context_product()
         return {
@@ -114,7 +126,16 @@ class AttentionMetrics:
             "out_proj": 2 * T * q * d * D * L,
         }
 
+    # END LAB 18.1
+
+    # BEGIN LAB 18.1: attention's bytes read
     def get_read_bytes_breakdown(self, ctx: ExecutionContext) -> dict[str, int]:
+        """Keys ``qkv_input``, ``qkv_weight``, ``attn_input`` (only when nonzero),
+        ``out_input``, ``out_weight``, in that order (upstream: perf.py:458)."""
+        # HINT: activations are activation_byte_size a value, weights weight_byte_size.
+        # HINT: a prefill reads its queries and the keys and values of its whole context
+        # HINT: (activation bytes); a decode reads its queries (activation bytes) and the
+        # HINT: cached keys and values of its context (cache_byte_size).
         L, D, q, kv, d = self._sizes()
         T, act = ctx.total_num_tokens(), self.activation_byte_size
         read = {
@@ -134,7 +155,12 @@ class AttentionMetrics:
         read["out_weight"] = q * d * D * self.weight_byte_size * L
         return read
 
+    # END LAB 18.1
+
+    # BEGIN LAB 18.1: attention's bytes written
     def get_write_bytes_breakdown(self, ctx: ExecutionContext) -> dict[str, int]:
+        """Keys ``qkv_output``, ``kv_cache``, ``out_output`` (upstream: perf.py:503)."""
+        # HINT: every scheduled token writes its key and value into the cache.
         L, D, q, kv, d = self._sizes()
         T, act = ctx.total_num_tokens(), self.activation_byte_size
         return {
@@ -142,6 +168,8 @@ class AttentionMetrics:
             "kv_cache": 2 * T * kv * d * self.cache_byte_size * L,
             "out_output": T * D * act * L,
         }
+
+    # END LAB 18.1
 
     def _sizes(self) -> tuple[int, int, int, int, int]:
         return (
@@ -163,12 +191,23 @@ class FfnMetrics:
     activation_byte_size: int
     weight_byte_size: int
 
+    # BEGIN LAB 18.1: the MLP's FLOPs
     def get_num_flops_breakdown(self, ctx: ExecutionContext) -> dict[str, int]:
+        """Key ``dense_ffn``: gate, up and down projections (upstream: perf.py:716)."""
+        # HINT: three matmuls of hidden_size by intermediate_size over every token and layer.
         L, D, DI = self.num_hidden_layers, self.hidden_size, self.intermediate_size
         T = ctx.total_num_tokens()
         return {"dense_ffn": 2 * D * 3 * DI * T * L}  # gate, up, down: three D x DI matmuls
 
+    # END LAB 18.1
+
+    # BEGIN LAB 18.1: the MLP's bytes read
     def get_read_bytes_breakdown(self, ctx: ExecutionContext) -> dict[str, int]:
+        """Keys ``dense_up_gate_input``, ``dense_up_gate_weights``,
+        ``dense_silu_input``, ``dense_down_input``, ``dense_down_weights``
+        (upstream: perf.py:759, dense layers only)."""
+        # HINT: the gate and up weights are two [hidden, intermediate] matrices read as one;
+        # HINT: SiLU-and-mul reads both their outputs, down reads one intermediate row a token.
         L, D, DI = self.num_hidden_layers, self.hidden_size, self.intermediate_size
         T, act, w = ctx.total_num_tokens(), self.activation_byte_size, self.weight_byte_size
         return {
@@ -179,7 +218,12 @@ class FfnMetrics:
             "dense_down_weights": D * DI * w * L,
         }
 
+    # END LAB 18.1
+
+    # BEGIN LAB 18.1: the MLP's bytes written
     def get_write_bytes_breakdown(self, ctx: ExecutionContext) -> dict[str, int]:
+        """Keys ``dense_up_gate_output``, ``dense_silu_output``,
+        ``dense_down_output`` (upstream: perf.py:849, dense layers only)."""
         L, D, DI = self.num_hidden_layers, self.hidden_size, self.intermediate_size
         T, act = ctx.total_num_tokens(), self.activation_byte_size
         return {
@@ -187,6 +231,8 @@ class FfnMetrics:
             "dense_silu_output": T * DI * act * L,
             "dense_down_output": T * D * act * L,
         }
+
+    # END LAB 18.1
 
 
 @dataclass
@@ -198,8 +244,13 @@ class UnembedMetrics:
     activation_byte_size: int
     weight_byte_size: int
 
+    # BEGIN LAB 18.1: the logits' FLOPs
     def get_num_flops_breakdown(self, ctx: ExecutionContext) -> dict[str, int]:
+        """Key ``unembed`` (upstream: perf.py:938)."""
+        # HINT: only the rows that sample: ctx.num_logits_tokens().
         return {"unembed": 2 * ctx.num_logits_tokens() * self.hidden_size * self.vocab_size}
+
+    # END LAB 18.1
 
     def get_read_bytes_breakdown(self, ctx: ExecutionContext) -> dict[str, int]:
         D, V = self.hidden_size, self.vocab_size

@@ -179,6 +179,7 @@ class IterationStats:
     def _time_since(self, start: float) -> float:
         return self.iteration_timestamp - start
 
+    # BEGIN LAB 18.3: one request's output in a step
     def update_from_output(
         self,
         output: EngineCoreOutput,
@@ -189,6 +190,9 @@ class IterationStats:
         """One request's output this step. ``is_prefilling``: this is its
         first output (its prompt is done), so it gives TTFT; a later one gives
         an inter-token latency (time since its previous output)."""
+        # HINT: upstream: vllm/v1/metrics/stats.py:353. Times since arrival use
+        # HINT: self._time_since (wall clock); token timestamps are engine_core_timestamp.
+        # HINT: events are applied after the token counts, before the token timestamps.
         num_new = len(output.new_token_ids)
         self.num_generation_tokens += num_new
         if is_prefilling:
@@ -208,12 +212,17 @@ class IterationStats:
             self.inter_token_latencies_iter.append(engine_core_timestamp - req_stats.last_token_ts)
         req_stats.last_token_ts = engine_core_timestamp
 
+    # END LAB 18.3
+
+    # BEGIN LAB 18.3: the engine core's events
     def update_from_events(
         self, events: list[EngineCoreEvent], req_stats: RequestStateStats
     ) -> None:
         """QUEUED and the first SCHEDULED set the request's timestamps (a
         re-admission after a preemption does not move ``scheduled_ts``);
         each PREEMPTED counts one preemption."""
+        # HINT: upstream: stats.py:404. EngineCoreEventType is imported inside the function
+        # HINT: (mini_vllm.engine imports this module).
         from mini_vllm.engine import EngineCoreEventType
 
         for event in events:
@@ -225,6 +234,9 @@ class IterationStats:
             elif event.type == EngineCoreEventType.PREEMPTED:
                 self.num_preempted_reqs += 1
 
+    # END LAB 18.3
+
+    # BEGIN LAB 18.3: a finished request's intervals
     def update_from_finished_request(
         self,
         finish_reason: FinishReason,
@@ -239,6 +251,7 @@ class IterationStats:
         inference = last token - first SCHEDULED (preemptions stay inside the
         interval they fall in); e2e = now - arrival; TPOT = decode time per
         token after the first (0 for one token)."""
+        # HINT: upstream: stats.py:428. Append one FinishedRequestStats.
         decode_time = req_stats.last_token_ts - req_stats.first_token_ts
         num_after_first = req_stats.num_generation_tokens - 1
         self.finished_requests.append(
@@ -259,3 +272,5 @@ class IterationStats:
                 num_cached_tokens=num_cached_tokens,
             )
         )
+
+    # END LAB 18.3

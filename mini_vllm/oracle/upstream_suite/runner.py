@@ -207,6 +207,7 @@ LAB_FILES = {
         "tests/v1/core/test_scheduler.py::test_abort_request_finished_recving",
         "tests/v1/core/test_scheduler.py::test_delayed_kv_connector_free_keeps_scheduler_active",
     ],
+    "18": ["tests/v1/metrics/test_stats.py"],
 }
 
 

@@ -1,0 +1,1 @@
+"""Phase 18 lab starters (generated; see each module's docstring)."""
