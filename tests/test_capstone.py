@@ -95,7 +95,8 @@ def test_solved_copy_answers_as_the_reference(solved, reference):
 @pytest.mark.deep
 def test_untouched_starters_fail_the_run(reference):
     why = capstone.grade(STARTERS, reference)
-    assert why is not None and "NotImplementedError: Lab 00." in why, why
+    # The first hole the engine reaches (Lab 17.2's, building the model, since Phase 17).
+    assert why is not None and "NotImplementedError: Lab " in why, why
 
 
 @pytest.mark.deep
