@@ -3,7 +3,7 @@ with the student's code, inside the reference's own modules (Phase 19).
 
 ``impl.load`` builds one phase's starters as modules of their own, for a
 phase's suite to call. A served engine needs more: the reference's modules
-themselves (``mini_vllm.v1.core.sched.scheduler`` and the rest) must run the
+themselves (``mini_vllm.core.sched.scheduler`` and the rest) must run the
 student's code, so that everything importing them gets it. ``install`` does
 that with an import hook: when a reference module holding regions of a chosen
 phase is imported, its source is read, the code inside those regions is
