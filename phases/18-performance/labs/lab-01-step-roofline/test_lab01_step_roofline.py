@@ -194,3 +194,80 @@ def test_real_steps_are_counted_as_upstream_counts_them(impl, up, workload):
     sched.schedule = checking_schedule
     run_workload(mini, workload, scheduler=sched)
     assert checked, "the workload scheduled no step"
+
+
+# ------------------------------------------------------------------ what torch counts
+
+
+@pytest.mark.points(3)
+@pytest.mark.timeout(120)
+def test_your_flops_are_what_torch_counts_in_the_real_forward(impl, tmp_path):
+    """A tiny Llama through the engine (the ``torch`` attention backend, SDPA's
+    math kernel, linear layers on ``F.linear``: every matmul one torch counts),
+    a 24-token budget so that a 40-token prompt is prefilled in chunks beside
+    decodes: each step's FLOPs by your parts equal what
+    ``torch.utils.flop_counter.FlopCounterMode`` counts in its forward and
+    logits (the harness of tests/test_roofline.py)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mini_vllm.entrypoints.llm import LLM
+    from mini_vllm.metrics.perf import ModelMetrics
+    from mini_vllm.model_executor.model_loader.tiny import make_tiny_model
+    from mini_vllm.sampling_params import SamplingParams
+
+    written(
+        impl.perf.UnembedMetrics(8, 8, 4, 4).get_num_flops_breakdown, impl.perf.ExecutionContext()
+    )
+    path = make_tiny_model(tmp_path / "tiny-llama", arch="llama", seed=0)
+    llm = LLM(
+        str(path),
+        max_model_len=128,
+        max_num_seqs=4,
+        max_num_batched_tokens=24,
+        device="cpu",
+        dtype="float32",
+        attention_backend="torch",
+    )
+    runner = llm.llm_engine.engine_core.model_runner
+    for module in runner.model.modules():
+        if "cpu_linear" in module.__dict__:
+            module.cpu_linear = F.linear  # torch counts F.linear's matmuls, not oneDNN's
+    # Your parts, with the sizes the reference reads off the model's config.
+    reference = ModelMetrics(llm.llm_engine.hf_config, torch.float32).components
+    parts = {
+        name: getattr(impl.perf, type(part).__name__)(**dataclasses.asdict(part))
+        for name, part in reference.items()
+    }
+    counted = []
+    execute = runner.execute_model
+
+    def counting(scheduler_output, *args):
+        if not scheduler_output.total_num_scheduled_tokens:
+            return execute(scheduler_output, *args)
+        ctx = written(impl.perf.ExecutionContext.from_scheduler_output, scheduler_output)
+        with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+            out = execute(scheduler_output, *args)
+        counted.append((ctx, counter.get_total_flops()))
+        return out
+
+    runner.execute_model = counting
+    prompts = [[5, 6, 7], list(range(10, 50)), list(range(60, 75))]
+    llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0),
+        use_tqdm=False,
+    )
+    assert any(c.prefill_num_tokens and c.decode_num_tokens for c, _ in counted)
+    for step, (ctx, torch_flops) in enumerate(counted):
+        yours = {
+            f"{name}.{key}": value
+            for name, part in parts.items()
+            for key, value in written(part.get_num_flops_breakdown, ctx).items()
+        }
+        assert sum(yours.values()) == torch_flops, (
+            f"step {step} ({dataclasses.asdict(ctx)}): your parts count "
+            f"{sum(yours.values())} FLOPs ({yours}), torch counted {torch_flops} in the forward"
+        )
