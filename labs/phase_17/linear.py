@@ -165,8 +165,8 @@ class RowParallelLinear(_reference.RowParallelLinear):
         """``y`` from this rank's slice of ``x`` (its whole ``x`` unless
         ``input_is_parallel``): a partial sum, all-reduced when
         ``reduce_results`` (upstream: ``forward`` :1540)."""
-        # HINT: with input_is_parallel=False, x is whole: take this rank's equal part of its last dim.
-        # HINT: the bias goes in once over the group (on rank 0 only), before the partial sums add up.
+        # HINT: with input_is_parallel=False, x is whole: take this rank's part of its last dim.
+        # HINT: the bias goes in once over the group (rank 0 only), before the partial sums add up.
         raise NotImplementedError(
             "Lab 17.1: a row-parallel layer's output: partial sums, added up once "
             "(labs/phase_17/linear.py)"

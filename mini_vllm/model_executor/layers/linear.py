@@ -395,8 +395,8 @@ class RowParallelLinear(LinearBase):
         """``y`` from this rank's slice of ``x`` (its whole ``x`` unless
         ``input_is_parallel``): a partial sum, all-reduced when
         ``reduce_results`` (upstream: ``forward`` :1540)."""
-        # HINT: with input_is_parallel=False, x is whole: take this rank's equal part of its last dim.
-        # HINT: the bias goes in once over the group (on rank 0 only), before the partial sums add up.
+        # HINT: with input_is_parallel=False, x is whole: take this rank's part of its last dim.
+        # HINT: the bias goes in once over the group (rank 0 only), before the partial sums add up.
         if not self.input_is_parallel:
             x = x.chunk(self.tp_size, dim=-1)[self.tp_rank].contiguous()
         bias = self.bias if self.tp_rank == 0 else None
