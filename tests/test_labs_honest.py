@@ -76,6 +76,13 @@ says which run keeps the proof):
   greedy tokens equal to TP=1 and transformers') runs on the solved copy
   only, for the same reason; the reference engine's TP runs are proven
   against transformers by tests/test_tensor_parallel.py.
+
+What runs elsewhere (``PROVEN_ELSEWHERE``): Lab 19.3 has no region of its
+own; it serves the student's code of every phase as one engine beside the
+reference's server (minutes a run). tests/test_capstone.py proves it honest
+on its own: the solved copy answers as the reference does (fast tier) and
+untouched starters fail the run (deep tier). The three runs here grade
+Phase 19's other labs.
 """
 
 from __future__ import annotations
@@ -108,10 +115,15 @@ SOLVED_COPY_ONLY = {
     "15": "15.4",
     "17": "17.4",
 }
+# Labs left out of all three runs: another test file proves them (see above).
+PROVEN_ELSEWHERE = {"19": "19.3"}
 
 
 def grade(phase: str, tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     results = tmp_path / f"results-{phase}.json"
+    if phase in PROVEN_ELSEWHERE:
+        folder = lab_folders(phase, every=True)[PROVEN_ELSEWHERE[phase]]
+        args = (*args, *([] if "--" in args else ["--"]), f"--deselect={folder}")
     env = {k: v for k, v in os.environ.items() if k not in ("IMPL", "MINI_VLLM_LABS_DIR")}
     proc = subprocess.run(
         [
@@ -134,13 +146,17 @@ def grade(phase: str, tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     return proc.returncode, json.loads(results.read_text()), proc.stdout
 
 
-def lab_folders(phase: str) -> dict[str, Path]:
-    """{"03.7": phases/03-.../labs/lab-07-real-model}, relative to the repository."""
+def lab_folders(phase: str, every: bool = False) -> dict[str, Path]:
+    """{"03.7": phases/03-.../labs/lab-07-real-model}, relative to the repository;
+    without ``every``, not the lab another file proves (PROVEN_ELSEWHERE)."""
     (folder,) = (R.REPO_ROOT / "phases").glob(f"{phase}-*")
-    return {
+    found = {
         f"{phase}.{int(p.name.split('-')[1])}": p.relative_to(R.REPO_ROOT)
         for p in (folder / "labs").glob("lab-*")
     }
+    if not every:
+        found.pop(PROVEN_ELSEWHERE.get(phase, ""), None)
+    return found
 
 
 def lab_dirs(phase: str) -> set[str]:

@@ -41,7 +41,12 @@ class PrefillFirstScheduler(Scheduler):
         self.num_prefill_steps = 0
         self.num_decode_steps = 0
 
+    # BEGIN LAB 19.2: one step, all prefill or all decode
     def schedule(self) -> SchedulerOutput:
+        """A prefill step or a decode step, never both (nano-vllm's rule)."""
+        # HINT: the decoding running requests (_is_decode); _is_prefill_step chooses;
+        # HINT: _schedule_only runs the base on the prefills (admitting) or the decodes (not);
+        # HINT: count the step in num_prefill_steps or num_decode_steps.
         decodes = [r for r in self.running if self._is_decode(r)]
         if self._is_prefill_step(decodes):
             self.num_prefill_steps += 1
@@ -50,21 +55,32 @@ class PrefillFirstScheduler(Scheduler):
         self.num_decode_steps += 1
         return self._schedule_only(decodes, admit=False)
 
+    # END LAB 19.2
+
+    # BEGIN LAB 19.2: which running requests decode
     @staticmethod
     def _is_decode(request: Request) -> bool:
         """Every token but the last computed: its next step is one decode."""
+        # HINT: a prompt not all computed is a prefill, even with one token left to compute.
         return request.num_computed_tokens >= max(request.num_prompt_tokens, request.num_tokens - 1)
 
+    # END LAB 19.2
+
+    # BEGIN LAB 19.2: is this a prefill step
     def _is_prefill_step(self, decodes: list[Request]) -> bool:
         """Prefill if nothing decodes, or if a prefill could run now: a
         running request mid-prefill, or the head of the waiting queue
         while there is room for one more request, whose blocks are free."""
+        # HINT: with nothing decoding, prefill; a waiting head counts only under max_num_seqs;
+        # HINT: _blocks_free_for(request) says whether its blocks are free.
         if not decodes:
             return True
         candidates = [r for r in self.running if r not in decodes]
         if self.waiting and len(self.running) < self.max_num_running_reqs:
             candidates.append(self.waiting.peek_request())
         return any(self._blocks_free_for(r) for r in candidates)
+
+    # END LAB 19.2
 
     def _blocks_free_for(self, request: Request) -> bool:
         """The free pool holds every block the request still lacks (all its

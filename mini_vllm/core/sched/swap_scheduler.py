@@ -107,25 +107,41 @@ class SwapScheduler(Scheduler):
             self.waiting.remove_requests(resumed)
             self.waiting.prepend_requests(reversed(resumed))
 
+    # BEGIN LAB 19.1: a victim: swapped out if the CPU pool holds it, else recomputed
     def _preempt_request(self, request: Request) -> None:
         """Swap the victim out if the CPU pool can hold its KV, else recompute."""
+        # HINT: _can_swap_out says whether it fits; the base class's _preempt_request recomputes.
+        # HINT: count every recompute in self.num_recompute_preemptions.
         if self._can_swap_out(request):
             self._swap_out(request)
         else:
             self.num_recompute_preemptions += 1
             super()._preempt_request(request)
 
+    # END LAB 19.1
+
     def _num_blocks_to_swap(self, num_tokens: int) -> int:
         """The blocks holding ``num_tokens`` computed tokens."""
         return cdiv(num_tokens, self.block_size)
 
+    # BEGIN LAB 19.1: does the CPU pool hold the victim's filled blocks
     def _can_swap_out(self, request: Request) -> bool:
+        """Whether the free CPU blocks can hold the victim's filled ones."""
+        # HINT: the blocks its computed tokens fill (_num_blocks_to_swap);
+        # HINT: a victim with none has nothing to swap.
         needed = self._num_blocks_to_swap(request.num_computed_tokens)
         return 0 < needed <= len(self.free_cpu_block_ids)
 
+    # END LAB 19.1
+
+    # BEGIN LAB 19.1: swap a victim out
     def _swap_out(self, request: Request) -> None:
         """Copy its filled blocks to CPU blocks, free its GPU blocks, and park
         it in ``self.swapped`` with its computed tokens kept."""
+        # HINT: pair its first GPU blocks with CPU blocks taken from free_cpu_block_ids
+        # HINT: (blocks_to_swap_out); free it as the base does (KV and encoder cache),
+        # HINT: PREEMPTED, num_preemptions + 1, num_computed_tokens kept; remember its
+        # HINT: CPU blocks, append it to self.swapped, count num_swapped_out and num_blocks_swapped.
         assert request.status == RequestStatus.RUNNING, "Only running requests can be preempted"
         num_blocks = self._num_blocks_to_swap(request.num_computed_tokens)
         gpu_block_ids = self.kv_cache_manager.get_block_ids(request.request_id)[0][:num_blocks]
@@ -141,10 +157,16 @@ class SwapScheduler(Scheduler):
         self.num_swapped_out += 1
         self.num_blocks_swapped += num_blocks
 
+    # END LAB 19.1
+
+    # BEGIN LAB 19.1: swap requests back in, oldest first
     def _schedule_swapped(self) -> None:
         """Swap requests back in, oldest first, while they fit on the GPU and
         under max_num_seqs; stop at the first that does not (v0's order).
         They join the front of the waiting queue in that order."""
+        # HINT: stop at the first that would pass max_num_seqs (running, plus those swapped
+        # HINT: in and not yet admitted) or does not fit (_can_swap_in); the ones swapped in
+        # HINT: go to the front of self.waiting in their order (waiting.prepend_request).
         swapped_in: list[Request] = []
         while self.swapped:
             request = self.swapped[0]
@@ -157,6 +179,8 @@ class SwapScheduler(Scheduler):
             swapped_in.append(request)
         for request in reversed(swapped_in):
             self.waiting.prepend_request(request)
+
+    # END LAB 19.1
 
     def _swapped_in_waiting(self) -> list[Request]:
         """Requests swapped in but not admitted yet: the only waiting ones
@@ -176,9 +200,12 @@ class SwapScheduler(Scheduler):
         needed = cdiv(request.num_tokens, self.block_size)
         return needed + still_needed <= self.kv_cache_manager.block_pool.get_num_free_blocks()
 
+    # BEGIN LAB 19.1: swap one request back in
     def _swap_in(self, request: Request) -> None:
         """Give it GPU blocks for its computed tokens and copy its CPU blocks
         there; its CPU blocks go back to the pool."""
+        # HINT: allocate_slots counts from num_computed_tokens: 0 for the call, then restore;
+        # HINT: pair its CPU blocks with the new GPU blocks (blocks_to_swap_in), free the CPU ones.
         num_computed_tokens = request.num_computed_tokens
         request.num_computed_tokens = 0  # allocate_slots counts from here
         new_blocks = self.kv_cache_manager.allocate_slots(request, num_computed_tokens)
@@ -189,6 +216,8 @@ class SwapScheduler(Scheduler):
         self.blocks_to_swap_in.extend(zip(cpu_block_ids, gpu_block_ids, strict=True))
         self.free_cpu_block_ids.extend(cpu_block_ids)
         self.num_swapped_in += 1
+
+    # END LAB 19.1
 
     # ------------------------------------------------ the rest of the life
 

@@ -1,0 +1,1 @@
+"""Phase 19 lab starters (generated; see each module's docstring)."""
