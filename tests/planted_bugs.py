@@ -60,6 +60,10 @@ from mini_vllm.grading import regions
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ("mini_vllm", "phases", "labs", "tests", "pyproject.toml")
 TIMEOUT_S = 900
+# Labs no plant reaches, left out of a phase's check: Lab 19.3 serves the
+# student's code of every phase with v1's own scheduler (minutes a run), so a
+# plant in a Phase 19 variant never touches it.
+LEFT_OUT = {"19": "phases/19-capstone/labs/lab-03-whole-engine"}
 
 
 @dataclass(frozen=True)
@@ -684,6 +688,56 @@ PLANTS = [
         "finished.num_prompt_tokens - finished.num_cached_tokens",
         "a request with no cached count (-1) observes one prefill token too many",
     ),
+    # ---- Phase 19: two designs v1 does not use
+    # issue 38 (lab 19.1's HINT: the CPU blocks go back to the pool)
+    Plant(
+        "19",
+        "mini_vllm/core/sched/swap_scheduler.py",
+        "        self.free_cpu_block_ids.extend(cpu_block_ids)\n        self.num_swapped_in += 1\n",
+        "        self.num_swapped_in += 1\n",
+        "_swap_in never gives a request's CPU blocks back to the swap space",
+    ),
+    # issue 38 (lab 19.1: the swap-in map pairs each CPU block with its GPU block)
+    Plant(
+        "19",
+        "mini_vllm/core/sched/swap_scheduler.py",
+        "self.blocks_to_swap_in.extend(zip(cpu_block_ids, gpu_block_ids, strict=True))",
+        "self.blocks_to_swap_in.extend(zip(cpu_block_ids[::-1], gpu_block_ids, strict=True))",
+        "swapping in copies a request's CPU blocks back in reverse order",
+    ),
+    # issue 38 (lab 19.1: swap while the swap space holds the victim)
+    Plant(
+        "19",
+        "mini_vllm/core/sched/swap_scheduler.py",
+        "        return 0 < needed <= len(self.free_cpu_block_ids)\n",
+        "        return 0 < needed < len(self.free_cpu_block_ids) // 2\n",
+        "a victim is recomputed unless the swap space holds twice its blocks",
+    ),
+    # issue 38 (lab 19.2: a decode step admits nobody, a prefill step runs no decode)
+    Plant(
+        "19",
+        "mini_vllm/core/sched/prefill_first_scheduler.py",
+        "            return self._schedule_only(prefills, admit=True)\n",
+        "            return self._schedule_only(list(self.running), admit=True)\n",
+        "a prefill step lets the decoding requests run too: steps are mixed again",
+    ),
+    # issue 38 (lab 19.2's HINT: a waiting head counts only under max_num_seqs)
+    Plant(
+        "19",
+        "mini_vllm/core/sched/prefill_first_scheduler.py",
+        "        if self.waiting and len(self.running) < self.max_num_running_reqs:\n",
+        "        if self.waiting:\n",
+        "the waiting head asks for a prefill step even when no seat is free under max_num_seqs",
+    ),
+    # issue 38 (lab 19.2's HINT: a prompt not all computed is a prefill)
+    Plant(
+        "19",
+        "mini_vllm/core/sched/prefill_first_scheduler.py",
+        "        return request.num_computed_tokens >= max(request.num_prompt_tokens, "
+        "request.num_tokens - 1)\n",
+        "        return request.num_computed_tokens >= request.num_tokens - 1\n",
+        "a request one prompt token short of its whole prompt counts as decoding",
+    ),
 ]
 
 
@@ -802,6 +856,8 @@ def grade(phase: str, plant: Plant | None, tier: str, into: str) -> Outcome:
             if plant is not None:
                 apply(plant, root / plant.path)
             check += ["--impl", "ref"]
+        if phase in LEFT_OUT:  # pytest's options come after the tool's
+            check += ["--", f"--deselect={LEFT_OUT[phase]}"]
         start = time.monotonic()
         try:
             proc = run(check, root, env)

@@ -2,8 +2,11 @@
 
 - ``tiny_qwen3_folder``: a tiny seeded Qwen3 checkpoint (3 layers, vocabulary
   512; mini_vllm/model_executor/model_loader/tiny.py);
-- ``default_greedy``: its greedy tokens under memory pressure with v1's own
-  Scheduler, the tokens Labs 19.1 and 19.2 must reproduce.
+- ``pressure_prompts``: four prompts that outgrow its KV cache in
+  ``variant_checks.greedy``;
+- ``default_greedy``: their greedy tokens with v1's own Scheduler, the tokens
+  Labs 19.1 and 19.2 must reproduce (a test asks for it after running the
+  student's scheduler, so a starter fails without paying for this run).
 """
 
 from __future__ import annotations
@@ -24,11 +27,16 @@ def tiny_qwen3_folder(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def default_greedy(tiny_qwen3_folder) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompts, the default scheduler's greedy tokens for them)."""
+def pressure_prompts(tiny_qwen3_folder) -> list[list[int]]:
     from mini_vllm.grading import variant_checks as V
 
     vocab = json.loads((Path(tiny_qwen3_folder) / "config.json").read_text())["vocab_size"]
-    prompts = V.pressure_prompts(vocab)
-    tokens, _ = V.greedy(tiny_qwen3_folder, None, prompts)
-    return prompts, tokens
+    return V.pressure_prompts(vocab)
+
+
+@pytest.fixture(scope="session")
+def default_greedy(tiny_qwen3_folder, pressure_prompts) -> list[list[int]]:
+    from mini_vllm.grading import variant_checks as V
+
+    tokens, _ = V.greedy(tiny_qwen3_folder, None, pressure_prompts)
+    return tokens

@@ -78,13 +78,28 @@ def test_the_swap_maps_are_consistent_at_every_step(impl, w, cpu_blocks):
     sched, requests, arrivals, num_blocks = V.build(swap_class(impl), w, cpu_blocks)
 
     def before(step):
-        # Each running request's GPU blocks, before this step's schedule().
-        return {
+        # Before this step's schedule(): each running request's GPU blocks and
+        # computed tokens, and how many CPU blocks are free.
+        blocks = {
             r.request_id: list(sched.kv_cache_manager.get_block_ids(r.request_id)[0])
             for r in sched.running
         }
+        computed = {r.request_id: r.num_computed_tokens for r in sched.running}
+        return blocks, computed, len(sched.free_cpu_block_ids)
 
-    def check(step, kinds, out, gpu_before):
+    def check(step, kinds, out, seen):
+        gpu_before, computed_before, free_before = seen
+        for req_id in out.preempted_req_ids:
+            if req_id in sched.req_to_cpu_blocks:
+                continue
+            # Recomputed: the CPU pool must have been too small for it then,
+            # even counting every block the step swapped out as still free.
+            needed = cdiv(computed_before[req_id], sched.block_size)
+            room = free_before - len(out.blocks_to_swap_out)
+            assert needed == 0 or needed > room, (
+                f"step {step}: {req_id} was recomputed, yet its {needed} filled blocks "
+                f"fit the {room} CPU blocks free: a victim is swapped whenever it fits"
+            )
         cpu_out = [c for _, c in out.blocks_to_swap_out]
         cpu_in = [c for c, _ in out.blocks_to_swap_in]
         assert not (out.blocks_to_swap_out and out.blocks_to_swap_in), (
@@ -154,9 +169,11 @@ def test_without_swap_space_a_victim_is_recomputed(impl):
 
 @pytest.mark.points(5)
 @pytest.mark.timeout(240)
-def test_greedy_tokens_equal_the_default_schedulers(impl, tiny_qwen3_folder, default_greedy):
-    prompts, want = default_greedy
-    got, sched = V.greedy(tiny_qwen3_folder, swap_class(impl), prompts, num_cpu_blocks=16)
+def test_greedy_tokens_equal_the_default_schedulers(
+    impl, request, tiny_qwen3_folder, pressure_prompts
+):
+    got, sched = V.greedy(tiny_qwen3_folder, swap_class(impl), pressure_prompts, num_cpu_blocks=16)
+    want = request.getfixturevalue("default_greedy")
     assert sched.num_swapped_out > 0, "7 blocks for four growing requests: nobody swapped out"
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, (

@@ -132,9 +132,11 @@ def test_a_decode_step_leaves_a_stalled_prefill_out(impl):
 
 @pytest.mark.points(5)
 @pytest.mark.timeout(240)
-def test_greedy_tokens_equal_the_default_schedulers(impl, tiny_qwen3_folder, default_greedy):
-    prompts, want = default_greedy
-    got, sched = V.greedy(tiny_qwen3_folder, prefill_first_class(impl), prompts)
+def test_greedy_tokens_equal_the_default_schedulers(
+    impl, request, tiny_qwen3_folder, pressure_prompts
+):
+    got, sched = V.greedy(tiny_qwen3_folder, prefill_first_class(impl), pressure_prompts)
+    want = request.getfixturevalue("default_greedy")
     assert sched.num_prefill_steps > 0 and sched.num_decode_steps > 0, (
         f"{sched.num_prefill_steps} prefill steps, {sched.num_decode_steps} decode steps"
     )
