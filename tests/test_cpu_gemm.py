@@ -58,3 +58,19 @@ def test_an_undispatched_layer_runs_f_linear():
     layer = torch.nn.Linear(8, 4, bias=False)
     x = torch.randn(3, 8)
     assert torch.equal(cpu_unquantized_gemm(layer, x, layer.weight), F.linear(x, layer.weight))
+
+
+@needs_onednn
+def test_a_weight_changed_after_packing_is_not_served_stale():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32, bias=False)
+    dispatch_cpu_unquantized_gemm(layer)
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # in place: the packed copy holds the old values
+    torch.testing.assert_close(cpu_unquantized_gemm(layer, x, layer.weight), x @ layer.weight.T)
+    layer.to(torch.bfloat16)  # cast: the packed copy is float32
+    xb = x.to(torch.bfloat16)
+    got = cpu_unquantized_gemm(layer, xb, layer.weight)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, F.linear(xb, layer.weight))

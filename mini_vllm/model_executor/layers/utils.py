@@ -18,8 +18,9 @@ inductor's weight freezing uses on a CPU), since ``vllm._C`` is not built
 here. Left out: the zentorch and SGL kernel paths, the causal-conv weight
 pack. Differs from upstream: the layer keeps its ``weight`` (upstream's
 linear layers drop it, ``remove_weight=True``): LoRA, tensor-parallel
-loading and the tests read it. So a weight changed after loading must be
-dispatched again.
+loading and the tests read it. A weight replaced, changed in place or cast
+after packing (or an input of another dtype) runs ``F.linear`` until the layer
+is dispatched again.
 """
 
 from __future__ import annotations
@@ -50,10 +51,16 @@ def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module) -> None:
     except RuntimeError:  # this torch build cannot: the plain matmul stays
         return
 
-    def onednn_linear(x, _weight, bias):
+    packed_from = (weight.data_ptr(), weight._version, weight.dtype)
+
+    def onednn_linear(x, weight_now, bias):
+        # A weight replaced, changed in place or cast since it was packed, or an
+        # input of another dtype: the packed copy is stale, so the plain matmul runs.
+        if (weight_now.data_ptr(), weight_now._version, x.dtype) != packed_from:
+            return F.linear(x, weight_now, bias)
         out = torch.ops.mkldnn._linear_pointwise(
             x.reshape(-1, x.shape[-1]), packed, bias, "none", [], ""
-        )
+        )  # [tokens, out_features]
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     layer.cpu_linear = onednn_linear
