@@ -1,8 +1,7 @@
 """The harness Labs 19.1 and 19.2 grade the two scheduler variants with.
 
-The same harness as tests/test_scheduler_variants.py (the reference's own
-tests), shared here so the graded suites under phases/19-capstone/ can
-import it: generated workloads run with a fake model (each sampled token is
+The reference's own tests (tests/test_scheduler_variants.py) and the graded
+suites under phases/19-capstone/ share it: generated workloads run with a fake model (each sampled token is
 1000 + its index), while a fake KV cache keeps in every GPU and CPU block the
 token ids written into it. The step's swap maps are copied before the
 "forward", and each scheduled request must find its computed tokens in its
