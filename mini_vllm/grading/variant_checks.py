@@ -1,14 +1,14 @@
 """The harness Labs 19.1 and 19.2 grade the two scheduler variants with.
 
 The reference's own tests (tests/test_scheduler_variants.py) and the graded
-suites under phases/19-capstone/ share it: generated workloads run with a
-fake model (each sampled token is 1000 + its index), while a fake KV cache
-keeps in every GPU and CPU block the token ids written into it. The step's
-swap maps are copied before the "forward", and each scheduled request must find its computed tokens in its
-block table before its new ones are written: a block swapped to the wrong
-place, or freed while still needed, shows up as lost KV at a named step and
-position. ``greedy`` runs a tiny real model under memory pressure through
-``LLM(scheduler_cls=...)``.
+suites under phases/19-capstone/ share it: generated workloads run with a fake
+model (each sampled token is 1000 + its index), while a fake KV cache keeps in
+every GPU and CPU block the token ids written into it. The step's swap maps
+are copied before the "forward", and each scheduled request must find its
+computed tokens in its block table before its new ones are written: a block
+swapped to the wrong place, or freed while still needed, shows up as lost KV
+at a named step and position. ``greedy`` runs a tiny real model under memory
+pressure through ``LLM(scheduler_cls=...)``.
 """
 
 from __future__ import annotations
