@@ -166,3 +166,11 @@ def test_prefill_first_decode_step_leaves_a_stalled_prefill_out():
 
     result = drive(sched, requests, arrivals, never_mixed)
     check_end(sched, requests, result, num_blocks)
+
+
+def test_a_negative_swap_space_is_one_clear_error_whatever_the_scheduler():
+    from mini_vllm.config import CacheConfig
+
+    with pytest.raises(ValueError, match=r"num_cpu_blocks must be >= 0, got -1\."):
+        CacheConfig(num_cpu_blocks=-1).verify()
+    CacheConfig(num_cpu_blocks=0).verify()
