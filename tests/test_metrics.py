@@ -114,6 +114,16 @@ def test_counters_equal_what_the_run_did(run):
         assert got[(name, (("engine", "0"),))] == 0, f"{name} after the run"
 
 
+def test_get_stats_totals_under_async_llm(run):
+    """``LLMEngine.get_stats`` counts what the served engine did, as it does
+    under ``LLM`` (it read zero prefix-cache queries when AsyncLLM drove it)."""
+    engine, seen, _, _ = run
+    stats = engine.llm_engine.get_stats()
+    assert stats["prefix_cache_queries"] == seen["queries"]
+    assert stats["prefix_cache_hits"] == seen["hits"]
+    assert stats["num_preemptions"] == seen["preemptions"]
+
+
 def test_histograms_count_every_request_and_token(run):
     engine, _, prompts, outputs = run
     got = samples(engine)
