@@ -28,6 +28,7 @@ cores would take most of the tier's time; the code under test is the same.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -106,8 +107,8 @@ class Pair:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.proxy = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        app = build_app([self.urls["prefill"]], [self.urls["decode"]])
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.app = build_app([self.urls["prefill"]], [self.urls["decode"]])
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
         threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
         ).start()
@@ -193,6 +194,37 @@ def test_kv_transfer_params_round_trip(pair):
     assert wait_for(
         lambda: metric(pair.urls["prefill"], "vllm:kv_cache_usage_perc") == 0.0, LEASE_S / 2
     )
+
+
+def chat_text(url: str, body: dict) -> str:
+    """The answer's text, whole or gathered from the stream's deltas."""
+    if not body.get("stream"):
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["message"]["content"]
+    text = ""
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    text += choice["delta"].get("content") or ""
+    return text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_through_the_proxy_equals_one_engine(pair, stream):
+    body = {
+        "messages": [{"role": "user", "content": "Name a sea."}],
+        "max_completion_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+    }
+    alone = chat_text(pair.urls["decode"], body)  # one engine, no transfer
+    handed_over = pair.app.state.stats["requests"]
+    assert chat_text(pair.proxy, {**body, "stream": stream}) == alone
+    # The prefill server answered with kv_transfer_params and the decode server
+    # (policy "fail") read the prompt's KV with them.
+    assert pair.app.state.stats["requests"] == handed_over + 1
 
 
 def test_prefill_server_frees_blocks_no_decoder_read(pair):

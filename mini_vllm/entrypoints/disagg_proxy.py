@@ -3,8 +3,9 @@
 Plays the role of upstream's toy proxy
 (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py at v0.22.1, read
 for behaviour, and examples/online_serving/disaggregated_serving/): each
-``/v1/completions`` request goes first to a prefill server with
-``max_tokens=1``, ``stream=False`` and ``kv_transfer_params =
+``/v1/completions`` or ``/v1/chat/completions`` request goes first to a
+prefill server with ``max_tokens=1`` (and ``max_completion_tokens=1`` when
+the request sets it), ``stream=False`` and ``kv_transfer_params =
 {"do_remote_decode": True}``; the ``kv_transfer_params`` in its answer (where
 the prefill engine holds the prompt's KV) go with the original request to a
 decode server, whose answer is passed back to the client as it comes (a
@@ -18,7 +19,7 @@ flags. ``--launch`` (``make disagg``) also starts the pair: two
 ZmqConnector (mini_vllm/distributed/kv_transfer/kv_connector/v1/zmq_connector.py),
 each with its own side-channel port, and stops them on exit.
 
-Left out: chat completions, the request id header, API keys, health checks
+Left out: the request id header, API keys, health checks
 of the backends, retries (a prefill error is returned to the client as is).
 """
 
@@ -56,8 +57,7 @@ def build_app(prefill_urls: list[str], decode_urls: list[str]) -> FastAPI:
     # Requests handed over and the prefill blocks they named (benchmarks read it).
     app.state.stats = {"requests": 0, "remote_blocks": 0}
 
-    @app.post("/v1/completions")
-    async def completions(raw_request: Request):
+    async def handle(api: str, raw_request: Request):
         req_data = await raw_request.json()
         # 1. Prefill: one token, no stream, and keep the KV for a decoder.
         prefill_data = {
@@ -66,9 +66,11 @@ def build_app(prefill_urls: list[str], decode_urls: list[str]) -> FastAPI:
             "stream": False,
             "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False},
         }
-        prefill_data.pop("stream_options", None)
-        prefill_data.pop("min_tokens", None)
-        prefill = await next(app.state.next_prefill).post("/v1/completions", json=prefill_data)
+        if "max_completion_tokens" in req_data:
+            prefill_data["max_completion_tokens"] = 1
+        for name in ("stream_options", "min_tokens", "min_completion_tokens"):
+            prefill_data.pop(name, None)
+        prefill = await next(app.state.next_prefill).post(api, json=prefill_data)
         if prefill.status_code != 200:
             return Response(prefill.content, prefill.status_code, media_type="application/json")
         # 2. Decode: the original request, told where the prompt's KV is.
@@ -82,15 +84,23 @@ def build_app(prefill_urls: list[str], decode_urls: list[str]) -> FastAPI:
             )
         client = next(app.state.next_decode)
         if not req_data.get("stream"):
-            decode = await client.post("/v1/completions", json=decode_data)
+            decode = await client.post(api, json=decode_data)
             return JSONResponse(decode.json(), decode.status_code)
 
         async def stream():
-            async with client.stream("POST", "/v1/completions", json=decode_data) as response:
+            async with client.stream("POST", api, json=decode_data) as response:
                 async for chunk in response.aiter_bytes():
                     yield chunk
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(raw_request: Request):
+        return await handle("/v1/completions", raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw_request: Request):
+        return await handle("/v1/chat/completions", raw_request)
 
     return app
 
@@ -145,7 +155,7 @@ def wait_until_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m mini_vllm.entrypoints.disagg_proxy",
-        description="Proxy /v1/completions to a prefill server, then a decode server.",
+        description="Proxy (chat) completions to a prefill server, then a decode server.",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

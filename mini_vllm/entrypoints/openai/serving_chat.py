@@ -260,6 +260,7 @@ class OpenAIServingChat(OpenAIServing):
                 total_tokens=num_prompt_tokens + num_generated_tokens,
             ),
             system_fingerprint=self.system_fingerprint,
+            kv_transfer_params=final_res.kv_transfer_params,
         )
 
     def _logprobs_of(
