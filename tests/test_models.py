@@ -429,8 +429,11 @@ def test_gptj_rope_on_permuted_heads_is_neox_rope():
     q = torch.randn(5, heads * head_size, generator=g)
     k = torch.randn(5, head_size, generator=g)
     positions = torch.tensor([0, 3, 7, 1, 63])
-    q_neox, k_neox = neox(positions, q, k)
-    q_gptj, k_gptj = gptj(positions, llama_cpp_permute(q.T, heads).T, llama_cpp_permute(k.T, 1).T)
+    # The rotation is in place (as upstream's kernel): each call gets its own copies.
+    q_neox, k_neox = neox(positions, q.clone(), k.clone())
+    q_gptj, k_gptj = gptj(
+        positions, llama_cpp_permute(q.T, heads).T.clone(), llama_cpp_permute(k.T, 1).T.clone()
+    )
     torch.testing.assert_close(unpermute_qk(q_gptj.T, heads).T, q_neox)
     torch.testing.assert_close(unpermute_qk(k_gptj.T, 1).T, k_neox)
 

@@ -59,26 +59,25 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] (each below max_position_embeddings); query [T, num_heads*head_size];
-        key [T, num_kv_heads*head_size]. Returns the rotated (query, key), same shapes."""
+        key [T, num_kv_heads*head_size]. Rotates query and key in place and returns them."""
         cos, sin = self.cos_sin_cache.index_select(0, positions).to(query.dtype).chunk(2, dim=-1)
         # [T, head_size/2] -> [T, 1, head_size/2]: the same angles for every head.
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+        return self._rotate_(query, cos, sin), self._rotate_(key, cos, sin)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        t = x.shape[0]
-        heads = x.reshape(t, -1, self.head_size)
+    def _rotate_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotates ``x`` in place and returns it, as upstream's kernel does
+        (``forward_cpu``, rotary_embedding/base.py:277, calls the in-place
+        ``ops.rotary_embedding``); the numbers are those of ``forward_native``."""
+        heads = x.view(x.shape[0], -1, self.head_size)  # a view: writes reach x
         if self.is_neox_style:
             x1, x2 = heads.chunk(2, dim=-1)
         else:
             x1, x2 = heads[..., 0::2], heads[..., 1::2]
-        r1 = x1 * cos - x2 * sin
-        r2 = x2 * cos + x1 * sin
-        if self.is_neox_style:
-            out = torch.cat((r1, r2), dim=-1)
-        else:
-            out = torch.stack((r1, r2), dim=-1).flatten(-2)
-        return out.reshape(x.shape)
+        r1 = x1 * cos - x2 * sin  # from the old x1 and x2, before either is written
+        x2.mul_(cos).add_(x1 * sin)  # x2 * cos + x1 * sin
+        x1.copy_(r1)
+        return x
 
     def extra_repr(self) -> str:
         return (
