@@ -133,6 +133,67 @@ def test_streamed_deltas_concatenate_to_the_whole_text_with_usage(client):
         assert len({c.id for c in chunks}) == 1
 
 
+def test_return_token_ids_are_the_engines_whole_and_streamed(client, llm):
+    """Upstream's ``return_token_ids`` (completion/protocol.py:142, chat_completion/
+    protocol.py:365): the prompt's ids and the output's beside the text; streamed,
+    the prompt's on the first chunk and each chunk's new ids."""
+    ids = {"return_token_ids": True}
+    for prompt in PROMPTS[:2]:
+        want = reference(llm, prompt, temperature=0, max_tokens=12)
+        got = client.completions.create(
+            model=MODEL_NAME, prompt=prompt, temperature=0, max_tokens=12, extra_body=ids
+        ).choices[0]
+        assert got.prompt_token_ids == list(want.prompt_token_ids)
+        assert got.token_ids == list(want.outputs[0].token_ids)
+        chunks = list(
+            client.completions.create(
+                model=MODEL_NAME,
+                prompt=prompt,
+                temperature=0,
+                max_tokens=12,
+                stream=True,
+                extra_body=ids,
+            )
+        )
+        assert chunks[0].choices[0].prompt_token_ids == list(want.prompt_token_ids)
+        assert all(c.choices[0].prompt_token_ids is None for c in chunks[1:])
+        streamed = [t for c in chunks for t in c.choices[0].token_ids]
+        assert streamed == list(want.outputs[0].token_ids)
+    want = llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[0]
+    got = client.chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, temperature=0, max_tokens=10, extra_body=ids
+    )
+    assert got.prompt_token_ids == list(want.prompt_token_ids)
+    assert got.choices[0].token_ids == list(want.outputs[0].token_ids)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=CHAT,
+            temperature=0,
+            max_tokens=10,
+            stream=True,
+            extra_body=ids,
+        )
+    )
+    assert chunks[0].prompt_token_ids == list(want.prompt_token_ids)
+    streamed = [t for c in chunks[1:] for t in c.choices[0].token_ids]
+    assert streamed == list(want.outputs[0].token_ids)
+    # Not asked for: no ids.
+    plain = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[0], temperature=0, max_tokens=4
+    ).choices[0]
+    assert plain.token_ids is None and plain.prompt_token_ids is None
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
+def test_a_return_token_ids_that_is_not_a_bool_is_a_400_naming_it(server, endpoint):
+    body = {"return_token_ids": "sometimes", "max_tokens": 2}
+    body.update({"prompt": "x"} if endpoint == "completions" else {"messages": CHAT})
+    response = httpx.post(f"{server.url}/v1/{endpoint}", json=body)
+    assert_openai_error(response, 400)
+    assert "return_token_ids" in response.json()["error"]["message"]
+
+
 def test_sse_framing_ends_with_done(server):
     body = {"model": MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 5, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:

@@ -45,6 +45,14 @@ CASES = {
         "stream_options": {"include_usage": True},
     },
     "logprobs": {"prompt": PROMPTS[0], "max_tokens": 5, "logprobs": 2},
+    "token ids, two prompts, n=2": {
+        "prompt": PROMPTS,
+        "max_tokens": 4,
+        "n": 2,
+        "temperature": 0.8,
+        "seed": 4,
+        "return_token_ids": True,
+    },
 }
 
 

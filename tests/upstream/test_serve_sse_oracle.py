@@ -9,7 +9,8 @@ same request body, request id, creation time and system fingerprint, so that
 the chunks must be equal as strings: nothing is normalised.
 
 Cases: one prompt; usage at the end and on every chunk; two prompts with n=2
-(choice index = prompt index * n + completion index); logprobs; a stop string;
+(choice index = prompt index * n + completion index); logprobs; token ids
+(``return_token_ids``, two prompts, n=2); a stop string;
 a chunked-prefill output with no token first (sends nothing); an error in the
 middle of the stream (an error event, then ``[DONE]``). The recording and the
 two generators' runs are in mini_vllm/oracle/sse.py (Phase 16's Lab 16.1 is

@@ -13,8 +13,11 @@ and the other completion responses beside them, ``ChatMessage``
 (``ChatCompletionLogProbs``, vllm/entrypoints/openai/chat_completion/protocol.py:80)
 and the chat responses beside them. Response
 fields keep upstream's names, order and defaults, so that the streamed chunks
-are upstream's byte for byte; fields mini_vllm never sets (service tier, token
-ids, prompt logprobs, KV-transfer and routing fields) are left out of the models.
+are upstream's byte for byte; fields mini_vllm never sets (service tier, prompt
+logprobs, prompt text, routing fields) are left out of the models. With
+``return_token_ids`` a choice carries its ``token_ids`` and the prompt's
+``prompt_token_ids`` (a completion choice; the chat response itself, and a
+chat stream's first chunk).
 
 Requests: every field a client may send that mini_vllm's ``SamplingParams`` has
 is passed to it by name (``to_sampling_params``); when SamplingParams gains a
@@ -158,6 +161,10 @@ class _SamplingRequest(OpenAIBaseModel):
     # Disaggregated serving (Phase 15): the KV connector's parameters, passed
     # on in SamplingParams.extra_args (vllm/entrypoints/openai/completion/protocol.py:310).
     kv_transfer_params: dict[str, Any] | None = None
+    # The prompt's and the output's token ids beside the text (upstream's
+    # vLLM-only field, vllm/entrypoints/openai/chat_completion/protocol.py:365;
+    # streamed: the prompt's on a choice's first chunk, each chunk's new ones).
+    return_token_ids: bool | None = None
     # Accepted at these defaults only (UNSUPPORTED).
     use_beam_search: bool = False
     prompt_logprobs: int | None = None
@@ -324,6 +331,8 @@ class CompletionResponseChoice(OpenAIBaseModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -383,6 +392,7 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = "stop"
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -393,6 +403,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatCompletionResponseChoice]
     system_fingerprint: str | None = None
     usage: UsageInfo
+    prompt_token_ids: list[int] | None = None
     # The prefill engine's answer to a disaggregated request (Phase 15).
     kv_transfer_params: dict[str, Any] | None = None
 
@@ -408,6 +419,7 @@ class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
 
 
 class ChatCompletionStreamResponse(OpenAIBaseModel):
@@ -418,3 +430,4 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
     choices: list[ChatCompletionResponseStreamChoice]
     usage: UsageInfo | None = Field(default=None)
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None

@@ -19,7 +19,14 @@ The stream: for each choice a first chunk with ``delta: {"role":
 "assistant", "content": ""}``, then one chunk per new piece of text, the
 last with its ``finish_reason``; the usage chunk and ``data: [DONE]`` as for
 completions. Left out: tools, reasoning parsers, multimodal content other
-than images, ``echo``, custom chat templates, tokens as ids.
+than images, ``echo``, custom chat templates, tokens as ids in logprobs.
+
+``return_token_ids``: each choice carries its ``token_ids`` (streamed: each
+chunk its new ids) and the response the prompt's ``prompt_token_ids``
+(streamed: the first chunk), as upstream (:537-541, :803-807, :1116-1118,
+:1402-1404). As upstream without a tool or reasoning parser (:650-656), a
+chunk goes out for every output but a chunked prefill's, so a token whose
+text is held back (half a UTF-8 character) still sends its id.
 
 Images (Phase 13): for a multimodal model, a message's content may be a list
 of parts with ``image_url`` parts holding data URLs (nothing is fetched);
@@ -164,13 +171,16 @@ class OpenAIServingChat(OpenAIServing):
         previous_num_tokens = [0] * num_choices
         include_usage, include_continuous_usage = should_include_usage(request.stream_options)
 
-        def chunk_of(choice: ChatCompletionResponseStreamChoice) -> ChatCompletionStreamResponse:
+        def chunk_of(
+            choice: ChatCompletionResponseStreamChoice, **fields
+        ) -> ChatCompletionStreamResponse:
             return ChatCompletionStreamResponse(
                 id=request_id,
                 object="chat.completion.chunk",
                 created=created_time,
                 choices=[choice],
                 model=model_name,
+                **fields,
             )
 
         def usage(completion_tokens: int) -> UsageInfo:
@@ -192,7 +202,12 @@ class OpenAIServingChat(OpenAIServing):
                                 delta=DeltaMessage(role=ROLE, content=""),
                                 logprobs=None,
                                 finish_reason=None,
-                            )
+                            ),
+                            # The prompt's ids on the first chunk only (upstream sets
+                            # the field, None included, so it is always in the JSON).
+                            prompt_token_ids=(
+                                res.prompt_token_ids if request.return_token_ids else None
+                            ),
                         )
                         if include_continuous_usage:
                             chunk.usage = usage(0)
@@ -200,13 +215,14 @@ class OpenAIServingChat(OpenAIServing):
                     first_iteration = False
                 for output in res.outputs:
                     i = output.index
-                    if not output.text and output.finish_reason is None:
-                        continue
+                    if not output.text and not output.token_ids and not previous_num_tokens[i]:
+                        continue  # a chunked prefill step: nothing to send yet
                     previous_num_tokens[i] += len(output.token_ids)
                     choice = ChatCompletionResponseStreamChoice(
                         index=i,
                         delta=DeltaMessage(content=output.text),
                         logprobs=self._logprobs_of(request, output),
+                        token_ids=list(output.token_ids) if request.return_token_ids else None,
                     )
                     if output.finish_reason is not None:
                         choice.finish_reason = output.finish_reason
@@ -244,6 +260,7 @@ class OpenAIServingChat(OpenAIServing):
                 logprobs=self._logprobs_of(request, output),
                 finish_reason=output.finish_reason,
                 stop_reason=output.stop_reason,
+                token_ids=list(output.token_ids) if request.return_token_ids else None,
             )
             for output in final_res.outputs
         ]
@@ -260,6 +277,7 @@ class OpenAIServingChat(OpenAIServing):
                 total_tokens=num_prompt_tokens + num_generated_tokens,
             ),
             system_fingerprint=self.system_fingerprint,
+            prompt_token_ids=final_res.prompt_token_ids if request.return_token_ids else None,
             kv_transfer_params=final_res.kv_transfer_params,
         )
 
