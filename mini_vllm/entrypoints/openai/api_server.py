@@ -38,6 +38,11 @@ upstream's flag, a JSON of KVTransferConfig's fields; a request's
 ``kv_transfer_params`` reach the connector and the prefill engine's answer
 carries them back (disaggregated serving: mini_vllm/entrypoints/disagg_proxy.py).
 
+Speculative decoding: ``--speculative-config '{"method": "ngram",
+"num_speculative_tokens": 3}'``, upstream's flag (``-sc``), a JSON of
+SpeculativeConfig's fields; n-gram is the only method, and a bad JSON or key
+stops the server with one line before the model loads.
+
 Shutdown: Ctrl-C (SIGINT) or SIGTERM lets uvicorn finish the open requests;
 then the app's ``lifespan`` stops the AsyncLLM's engine-core thread while the
 event loop still runs, aborting whatever the engine core still holds, as
@@ -319,6 +324,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         '"kv_both", ...} (Phase 15; upstream\'s flag of the same name)',
     )
     parser.add_argument(
+        "--speculative-config",
+        "-sc",
+        default=None,
+        help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 3, '
+        '"prompt_lookup_max": 5, "prompt_lookup_min": 2} (Phase 08; upstream\'s flag)',
+    )
+    parser.add_argument(
         "--tensor-parallel-size",
         "-tp",
         type=int,
@@ -329,6 +341,26 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--distributed-executor-backend", default=None, choices=["uni", "mp", "ray"]
     )
     return parser
+
+
+def parse_speculative_config(text: str | None) -> dict | None:
+    """``--speculative-config``'s JSON (upstream reads it with ``json.loads``,
+    "" and "None" meaning none: vllm/engine/arg_utils.py:1458,
+    vllm/engine/arg_utils.py:153), checked as ``LLM(speculative_config=...)``
+    checks it; a bad one is a ValueError in one line naming the flag."""
+    from mini_vllm.config import SpeculativeConfig
+
+    if text is None or text in ("", "None"):
+        return None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--speculative-config is not JSON ({e}): {text!r}") from e
+    try:
+        SpeculativeConfig.from_dict(config)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--speculative-config: {e}") from e
+    return config
 
 
 def parse_kv_transfer_config(text: str) -> dict:
@@ -351,6 +383,7 @@ def build_async_engine_client(args: argparse.Namespace) -> AsyncLLM:
         args.model = str(smollm2_gguf_path())
     if args.lora_modules and not args.enable_lora:
         raise ValueError("--lora-modules needs --enable-lora.")
+    speculative_config = parse_speculative_config(getattr(args, "speculative_config", None))
     served = args.served_model_name or [args.model]
     return AsyncLLM.from_model(
         args.model,
@@ -371,6 +404,7 @@ def build_async_engine_client(args: argparse.Namespace) -> AsyncLLM:
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         kv_transfer_config=getattr(args, "kv_transfer_config", None),
+        speculative_config=speculative_config,
         tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
         distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
     )
