@@ -128,6 +128,10 @@ class CacheConfig:
     # swapping) uses it. Upstream keeps the field (vllm/config/cache.py:145)
     # but v1 never swaps.
     num_cpu_blocks: int | None = None
+    # The fraction of GPU blocks SwapScheduler keeps free when it admits or
+    # swaps in a request while others run (vLLM v0's block manager
+    # ``watermark``, default 0.01; v1's CacheConfig has no such field).
+    watermark: float = 0.01
 
     def verify(self) -> None:
         from mini_vllm.utils.torch_utils import KV_CACHE_DTYPES
@@ -145,6 +149,8 @@ class CacheConfig:
             )
         if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
             raise ValueError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}.")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}.")
 
 
 @dataclass

@@ -34,6 +34,7 @@ from mini_vllm.grading.variant_checks import (
     pressure_prompts,
     workloads,
 )
+from mini_vllm.request import RequestStatus
 from mini_vllm.tiers import examples
 
 PROPERTY = settings(
@@ -65,6 +66,77 @@ def test_swap_scheduler_swaps_and_never_recomputes_while_swap_space_is_free(w):
     assert sched.num_recompute_preemptions == 0, "recomputed while the swap space was free"
     assert sched.num_swapped_out == preemptions, "a preemption did not swap"
     assert sched.num_swapped_in == sched.num_swapped_out
+
+
+def _on_admission(sched, check) -> None:
+    """Call ``check(request, free_before)`` before, and ``check(request, None)``
+    after, every allocation that gives blocks to a request not running (an
+    admission from the waiting queue, or a swap-in)."""
+    manager = sched.kv_cache_manager
+    allocate = manager.allocate_slots
+
+    def allocate_slots(request, *args, **kwargs):
+        admitting = request.status != RequestStatus.RUNNING
+        if admitting:
+            check(request, manager.block_pool.get_num_free_blocks())
+        blocks = allocate(request, *args, **kwargs)
+        if admitting and blocks is not None:
+            check(request, None)
+        return blocks
+
+    manager.allocate_slots = allocate_slots
+
+
+@PROPERTY
+@given(w=workloads, cpu_extra=st.integers(0, 12), watermark=st.sampled_from([0.1, 0.2, 0.3]))
+def test_swap_scheduler_admits_only_above_the_watermark(w, cpu_extra, watermark):
+    """v0's watermark: while others run, a request admitted or swapped in
+    leaves at least int(watermark * GPU blocks) blocks free; all still finish."""
+    sched, requests, arrivals, num_blocks = build(
+        SwapScheduler, w, num_cpu_blocks=cpu_extra, watermark=watermark
+    )
+    watermark_blocks = int(watermark * num_blocks)
+    others_ran = []
+
+    def check(request, free_before):
+        if free_before is not None:
+            others_ran[:] = [bool(sched.running)]
+            return
+        free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        assert not others_ran[0] or free >= watermark_blocks, (
+            f"{request.request_id} got blocks while others ran, leaving {free} free "
+            f"< the watermark's {watermark_blocks}"
+        )
+
+    _on_admission(sched, check)
+    result = drive(sched, requests, arrivals)
+    check_end(sched, requests, result, num_blocks)
+
+
+@PROPERTY
+@given(w=workloads, cpu_extra=st.integers(1, 12))
+def test_swapped_requests_resume_before_new_prefills(w, cpu_extra):
+    """v0's order within a step: running, then swapped in, then new prefills.
+    A request prefilled from scratch (new, or a recompute victim) gets blocks
+    only when the oldest swapped request could not come back at that moment."""
+    sched, requests, arrivals, num_blocks = build(SwapScheduler, w, num_cpu_blocks=cpu_extra)
+
+    def check(request, free_before):
+        from_scratch = (
+            request.num_computed_tokens == 0 and request.request_id not in sched.req_to_cpu_blocks
+        )
+        if free_before is None or not from_scratch or not sched.swapped:
+            return
+        head, resumed = sched.swapped[0], sched._swapped_in_waiting()
+        seat = len(sched.running) + len(resumed) < sched.max_num_running_reqs
+        assert not (seat and sched._can_swap_in(head, resumed)), (
+            f"{request.request_id} was admitted while {head.request_id} stayed swapped "
+            "out with room to come back"
+        )
+
+    _on_admission(sched, check)
+    result = drive(sched, requests, arrivals)
+    check_end(sched, requests, result, num_blocks)
 
 
 def test_swap_scheduler_swaps_under_memory_pressure():
@@ -139,6 +211,33 @@ def test_variants_equal_the_default_scheduler_greedy_tiny(tiny_qwen3):
     _equal_tokens_under_pressure(path, hf.config.vocab_size)
 
 
+@pytest.mark.gpu
+def test_the_swap_space_is_pinned_on_cuda(tiny_qwen3):
+    """On CUDA the CPU swap space is page-locked (v0's CacheEngine pinned it);
+    on a CPU-only machine the tiny test above runs the same code unpinned."""
+    from mini_vllm.entrypoints.llm import LLM
+    from mini_vllm.sampling_params import SamplingParams
+
+    path, hf = tiny_qwen3
+    prompts = pressure_prompts(hf.config.vocab_size)
+    want, _ = greedy(path, None, prompts, device="cuda")
+    llm = LLM(
+        path,
+        max_model_len=96,
+        num_gpu_blocks_override=8,
+        block_size=16,
+        scheduler_cls=SwapScheduler,
+        num_cpu_blocks=16,
+        device="cuda",
+    )
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
+    assert llm.llm_engine.engine_core.scheduler.num_swapped_out > 0
+    cpu_kv_caches = llm.llm_engine.engine_core.model_runner.cpu_kv_caches
+    assert cpu_kv_caches and all(t.is_pinned() for t in cpu_kv_caches)
+
+
 @pytest.mark.deep
 def test_variants_equal_the_default_scheduler_greedy_smollm2(smollm2_hf):
     path, hf = smollm2_hf
@@ -174,3 +273,12 @@ def test_a_negative_swap_space_is_one_clear_error_whatever_the_scheduler():
     with pytest.raises(ValueError, match=r"num_cpu_blocks must be >= 0, got -1\."):
         CacheConfig(num_cpu_blocks=-1).verify()
     CacheConfig(num_cpu_blocks=0).verify()
+
+
+def test_a_watermark_outside_0_1_is_one_clear_error():
+    from mini_vllm.config import CacheConfig
+
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=rf"watermark must be in \[0, 1\), got {bad}\."):
+            CacheConfig(watermark=bad).verify()
+    CacheConfig(watermark=0.0).verify()

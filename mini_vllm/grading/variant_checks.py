@@ -137,8 +137,9 @@ PRESSURE = {
 }
 
 
-def build(cls, w, num_cpu_blocks: int | None = None):
-    """(scheduler of class ``cls``, requests, arrival steps, GPU blocks) for workload ``w``."""
+def build(cls, w, num_cpu_blocks: int | None = None, watermark: float | None = None):
+    """(scheduler of class ``cls``, requests, arrival steps, GPU blocks) for
+    workload ``w``; ``watermark``: CacheConfig's, when not its default."""
     num_blocks = cdiv(MAX_MODEL_LEN, w["block_size"]) + 1 + w["extra_blocks"]
     budget = w["budget"] if w["chunked"] else max(w["budget"], MAX_MODEL_LEN)
     config = mini.create_scheduler(
@@ -152,6 +153,8 @@ def build(cls, w, num_cpu_blocks: int | None = None):
         scheduler_reserve_full_isl=w.get("reserve_full_isl", True),
     ).vllm_config
     config.cache_config.num_cpu_blocks = num_cpu_blocks
+    if watermark is not None:
+        config.cache_config.watermark = watermark
     sched = cls(config, log_stats=True)
     requests, arrivals = [], []
     for i, (prompt_len, out_len, arrive) in enumerate(w["reqs"]):

@@ -805,8 +805,15 @@ class GPUModelRunner:
         start = time.perf_counter()
         gpu_kv_caches = [layer.kv_cache for layer in self.model.attention_layers()]
         if self.cpu_kv_caches is None:
+            # Page-locked when the KV cache is on CUDA, as v0's CacheEngine did
+            # (pin_memory only means something for copies to and from a GPU).
             self.cpu_kv_caches = [
-                torch.zeros((self.num_cpu_blocks, *kv.shape[1:]), dtype=kv.dtype, device="cpu")
+                torch.zeros(
+                    (self.num_cpu_blocks, *kv.shape[1:]),
+                    dtype=kv.dtype,
+                    device="cpu",
+                    pin_memory=kv.is_cuda,
+                )
                 for kv in gpu_kv_caches
             ]
         for pairs, sources, targets in (

@@ -17,11 +17,22 @@ How it works here:
   ``self.swapped`` (v0's SWAPPED state: v1's ``RequestStatus`` has no such
   member, so a swapped request is PREEMPTED and in ``self.swapped``);
 - a step that preempted nobody swaps requests back in, oldest first,
-  while the GPU pool has room: fresh GPU blocks, the CPU ones freed. Each
-  goes to the front of the waiting queue holding its blocks and its
-  computed count, so it is admitted before any waiting request, with no
-  recompute (the base admits a waiting request that holds computed blocks
-  as it does one whose KV arrived from a connector);
+  while the GPU pool has room: fresh GPU blocks, the CPU ones freed. It
+  does so after the running requests are scheduled and before the first
+  admission, as v0's ``_schedule_chunked_prefill`` did (running, then
+  swapped, then new prefills); a step that tries no admission swaps in at
+  its end. Each goes to the front of the waiting queue holding its blocks
+  and its computed count, so it is admitted before any waiting request,
+  with no recompute (the base admits a waiting request that holds computed
+  blocks as it does one whose KV arrived from a connector);
+- v0's watermark: the scheduler above built its block manager with no
+  ``watermark`` argument, so ``BlockSpaceManagerV1``'s default, 0.01, held
+  (vllm/core/block_manager_v1.py, read at the one commit available to us,
+  00a456f1656e0fa60f0b212ed9b824fe9e688a8b: ``watermark_blocks``,
+  ``can_allocate``, ``can_swap_in``). Here, while other requests run, an
+  admission or a swap-in must leave ``int(cache_config.watermark * GPU
+  blocks)`` blocks free, so the running ones are not preempted at their
+  next block;
 - the step's ``SwapSchedulerOutput`` carries both block maps; the model
   runner copies them (``GPUModelRunner._swap_blocks``) before its forward.
   Like v0, one step never swaps both ways (a step that preempted swaps
@@ -30,9 +41,11 @@ How it works here:
 Where it differs from v0: v0 swapped only a group of several sequences
 (beam search; ``Scheduler._preempt`` recomputed a single sequence) and
 raised when the CPU space was full; here every victim is swapped while the
-CPU pool has room, and falls back to recompute when it has not. Left out:
-v0's watermark, swapping with more than one KV-cache group, and the
-copy-on-write ``blocks_to_copy``.
+CPU pool has room, and falls back to recompute when it has not. v0 also
+refused for good a prompt larger than all blocks but the watermark; here
+the watermark holds only while others run, so such a request waits for the
+running ones to finish. Left out: swapping with more than one KV-cache
+group, and the copy-on-write ``blocks_to_copy``.
 """
 
 from __future__ import annotations
@@ -82,13 +95,26 @@ class SwapScheduler(Scheduler):
         self.num_swapped_in = 0
         self.num_recompute_preemptions = 0
         self.num_blocks_swapped = 0
+        # v0's watermark (BlockSpaceManagerV1.watermark_blocks): the GPU
+        # blocks an admission or a swap-in must leave free while others run.
+        num_gpu_blocks = self.kv_cache_manager.block_pool.num_gpu_blocks
+        self.watermark_blocks = int(vllm_config.cache_config.watermark * num_gpu_blocks)
+        # v1 admits a waiting request through kv_cache_manager.allocate_slots:
+        # every such call goes through the watermark check first.
+        self._allocate_slots = self.kv_cache_manager.allocate_slots
+        self.kv_cache_manager.allocate_slots = self._allocate_slots_above_watermark
+        # Whether this step's swap-in ran (at its first admission, or at its end).
+        self._swap_in_tried = False
 
     # ------------------------------------------------------------ schedule
 
     def schedule(self) -> SwapSchedulerOutput:
         self._resumed_first()
+        self._swap_in_tried = False
         output = super().schedule()  # _preempt_request fills blocks_to_swap_out
-        if not output.preempted_req_ids:
+        if not output.preempted_req_ids and not self._swap_in_tried:
+            # No admission was tried (nothing waiting, no budget or no seat
+            # left): swap in now, for the next step.
             self._schedule_swapped()
         swap_output = SwapSchedulerOutput(
             **{f.name: getattr(output, f.name) for f in dataclasses.fields(output)},
@@ -106,6 +132,58 @@ class SwapScheduler(Scheduler):
         if resumed:
             self.waiting.remove_requests(resumed)
             self.waiting.prepend_requests(reversed(resumed))
+
+    def _select_waiting_queue_for_scheduling(self):
+        """At a step's first admission, swap requests in first, so they go
+        ahead of new prefills: v0's order, running then swapped then new
+        (``Scheduler._schedule_chunked_prefill``). The base only admits, and
+        so only gets here, in a step that preempted nobody."""
+        if not self._swap_in_tried:
+            self._swap_in_tried = True
+            self._schedule_swapped()
+        return super()._select_waiting_queue_for_scheduling()
+
+    def _allocate_slots_above_watermark(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks=None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        full_sequence_must_fit: bool = False,
+    ):
+        """``kv_cache_manager.allocate_slots``, except that a request not
+        running (being admitted or swapped in) gets None when, with others
+        running, it would leave fewer than ``watermark_blocks`` free (v0's
+        ``can_allocate``: free - required >= watermark, else later)."""
+        if request.status != RequestStatus.RUNNING and self.running and self.watermark_blocks:
+            manager = self.kv_cache_manager
+            num_tokens = (
+                request.num_computed_tokens
+                + num_new_computed_tokens
+                + num_new_tokens
+                + num_lookahead_tokens
+            )
+            if full_sequence_must_fit:
+                num_tokens = max(num_tokens, request.num_tokens)
+            hits = new_computed_blocks.blocks[0] if new_computed_blocks else ()
+            needed = manager._get_num_blocks_to_allocate(
+                request.request_id, min(num_tokens, manager.max_model_len), hits
+            )
+            if manager.block_pool.get_num_free_blocks() - needed < self.watermark_blocks:
+                return None
+        return self._allocate_slots(
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            full_sequence_must_fit,
+        )
 
     # BEGIN LAB 19.1: a victim: swapped out if the CPU pool holds it, else recomputed
     def _preempt_request(self, request: Request) -> None:
@@ -189,16 +267,18 @@ class SwapScheduler(Scheduler):
 
     def _can_swap_in(self, request: Request, resumed: list[Request]) -> bool:
         """Room on the GPU for all its tokens, after the blocks the requests
-        swapped in before it still need to run: so the requests holding
-        swapped-in blocks can always be admitted, and never wait for each
-        other's blocks."""
+        swapped in before it still need to run, and the watermark while
+        others run (v0's ``can_swap_in``): so the requests holding swapped-in
+        blocks can always be admitted, and never wait for each other's."""
         still_needed = sum(
             cdiv(r.num_tokens, self.block_size)
             - len(self.kv_cache_manager.get_block_ids(r.request_id)[0])
             for r in resumed
         )
         needed = cdiv(request.num_tokens, self.block_size)
-        return needed + still_needed <= self.kv_cache_manager.block_pool.get_num_free_blocks()
+        reserve = self.watermark_blocks if self.running else 0
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        return needed + still_needed + reserve <= free
 
     # BEGIN LAB 19.1: swap one request back in
     def _swap_in(self, request: Request) -> None:
