@@ -4,7 +4,8 @@ against the reference's server (mini_vllm/grading/capstone.py).
 
 Fast tier: the assembly at no serving cost (the starters' holes reach every
 module, and a served module runs them), then one real run: the solved copy
-answers the reference's requests as the reference does. Deep tier: untouched
+answers the reference's requests as the reference does, and the rule that each
+concurrent stream equals the reference's answer sent alone. Deep tier: untouched
 starters fail the run, and a solved copy with one planted Phase 04 bug is
 named by the bisection as Phase 04 (the reference server is shared).
 """
@@ -108,3 +109,15 @@ def test_bisection_names_the_phase_of_a_planted_bug(solved, reference, tmp_path)
     apply(plant, labs / rel)
     verdict = capstone.bisect(labs, reference)
     assert verdict.startswith(f"Phase {plant.phase} is the first"), verdict
+
+
+def test_compare_wants_each_concurrent_stream_equal_to_the_reference_alone():
+    # A reference whose third stream answered differently beside the others:
+    # a student matching it entry by entry still differs from the lone answer.
+    alone = [(f"text {i}", [1], [i, i], "length") for i in range(len(capstone.CONCURRENT))]
+    beside = [*alone[:2], ("other", [1], [7, 7], "length"), alone[3]]
+    reference = {"four prompts, one at a time": alone, "four concurrent streams": beside}
+    why = capstone.compare(reference, dict(reference))
+    assert why is not None and why.startswith(f"{capstone.CONCURRENT[2]!r} streamed beside"), why
+    same = {**reference, "four concurrent streams": alone}
+    assert capstone.compare(same, dict(same)) is None

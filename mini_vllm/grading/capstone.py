@@ -2,21 +2,29 @@
 reference, the same requests sent to both with the official ``openai`` client.
 
 ``serve`` starts ``python -m mini_vllm serve`` in a subprocess on SmolLM2
-(with ``MINI_VLLM_STUDENT_PHASES`` set, the student's code of those phases
-runs inside the reference's modules: see assemble.py). ``transcript`` sends
-the requests and writes down what came back: greedy completions and chats,
-whole and streamed (text, the tokens the logprobs name, finish reason, token
-counts), four streams at once, a JSON-constrained chat (structured outputs
-are per request; speculative decoding is not: the server has no flag for it),
-and a client that disconnects mid-stream, after which the server's
+with n-gram speculative decoding on (``--speculative-config``; with
+``MINI_VLLM_STUDENT_PHASES`` set, the student's code of those phases runs
+inside the reference's modules: see assemble.py). ``transcript`` sends the
+requests and writes down what came back: greedy completions and chats, whole
+and streamed, each with ``return_token_ids`` (the prompt's and the output's
+token ids, the text, finish reason, token counts; no logprobs: mini_vllm's
+verification of drafts leaves them out, see UPSTREAM_PIN.md); four prompts
+sent one at a time, then all four as concurrent streams; a chat constrained
+to a choice (structured outputs); the speculative-decoding counters of
+``/metrics`` (drafts, draft tokens, accepted tokens: greedy output is the
+same with or without drafts, so a proposer that drafts other tokens shows
+only there); and a client that disconnects mid-stream, after which
 ``/metrics`` must show every KV block free and nothing running. ``compare``
-names the first entry that differs; ``bisect`` names the first phase whose
-code makes it differ, by running the student's phases 00..k with the
-reference's code for the rest. There is no upstream counterpart.
+names the first entry that differs, and also wants each of the student's
+concurrent streams equal to the reference's answer to the same request sent
+alone. ``bisect`` names the first phase whose code makes it differ, by
+running the student's phases 00..k with the reference's code for the rest.
+There is no upstream counterpart.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -34,7 +42,22 @@ from mini_vllm.grading.assemble import PHASES_ENV
 START_TIMEOUT_S = 240
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 CHAT = [{"role": "user", "content": "Name a colour of the sky."}]
+# Sent alone, then at once; the last repeats itself, so the n-gram drafts hit.
+CONCURRENT = [f"{PROMPTS[0]} and", f"Once {PROMPTS[1]}", "Once upon a", "1, 2, 3, 1, 2, 3, 1,"]
 MAX_TOKENS = 8
+# Both servers draft alike (n-gram, Phase 08); greedy output must not change.
+SPECULATIVE_CONFIG = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
+IDS = {"return_token_ids": True}
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+)
 
 
 class EngineDidNotStart(RuntimeError):
@@ -48,9 +71,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(labs: Path | None = None, phases: list[str] | None = None):
+def serve(
+    labs: Path | None = None,
+    phases: list[str] | None = None,
+    speculative_config: dict | None = SPECULATIVE_CONFIG,
+):
     """A SmolLM2 server's URL: the reference's, or with the student's code of
-    ``phases`` from ``labs``. The server is stopped on exit."""
+    ``phases`` from ``labs``; speculative decoding as ``speculative_config``
+    says (None: off). The server is stopped on exit."""
     import httpx
 
     env = dict(os.environ, VLLM_LOGGING_STREAM="ext://sys.stderr")
@@ -60,6 +88,8 @@ def serve(labs: Path | None = None, phases: list[str] | None = None):
         env["MINI_VLLM_LABS_DIR"] = str(Path(labs).resolve())
     port = _free_port()
     cmd = [sys.executable, "-m", "mini_vllm", "serve", "--port", str(port), "--max-num-seqs", "8"]
+    if speculative_config is not None:
+        cmd += ["--speculative-config", json.dumps(speculative_config)]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
@@ -86,9 +116,9 @@ def serve(labs: Path | None = None, phases: list[str] | None = None):
                 proc.wait()
 
 
-def _gauge(text: str, name: str) -> float:
+def _gauge(text: str, name: str) -> float | None:
     found = re.findall(rf"^{re.escape(name)}\{{.*\}} (\S+)$", text, re.M)
-    return float(found[0]) if found else float("nan")
+    return float(found[0]) if found else None
 
 
 def transcript(url: str) -> dict[str, object]:
@@ -98,35 +128,57 @@ def transcript(url: str) -> dict[str, object]:
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
-    greedy = dict(model=model, max_tokens=MAX_TOKENS, temperature=0)
+    greedy = dict(model=model, max_tokens=MAX_TOKENS, temperature=0, extra_body=IDS)
     out: dict[str, object] = {}
 
+    def stream(prompt: str) -> tuple:
+        """A streamed completion: (text, prompt ids, output ids, finish reason)."""
+        chunks = [
+            c.choices[0] for c in client.completions.create(prompt=prompt, stream=True, **greedy)
+        ]
+        return (
+            "".join(c.text for c in chunks),
+            chunks[0].prompt_token_ids,
+            [t for c in chunks for t in c.token_ids or []],
+            chunks[-1].finish_reason,
+        )
+
     for i, prompt in enumerate(PROMPTS):
-        r = client.completions.create(prompt=prompt, logprobs=0, **greedy)
+        r = client.completions.create(prompt=prompt, **greedy)
         c = r.choices[0]
-        tokens = c.logprobs.tokens if c.logprobs else None
-        out[f"completion {i}"] = (c.text, tokens, c.finish_reason, r.usage.completion_tokens)
-        chunks = client.completions.create(prompt=prompt, stream=True, **greedy)
-        parts = [(ch.choices[0].text, ch.choices[0].finish_reason) for ch in chunks if ch.choices]
-        out[f"completion {i}, streamed"] = ("".join(t for t, _ in parts), parts[-1][1])
+        out[f"completion {i}"] = (
+            c.text,
+            c.prompt_token_ids,
+            c.token_ids,
+            c.finish_reason,
+            r.usage.completion_tokens,
+        )
+        out[f"completion {i}, streamed"] = stream(prompt)
 
     r = client.chat.completions.create(messages=CHAT, **greedy)
-    out["chat"] = (r.choices[0].message.content, r.choices[0].finish_reason)
-    chunks = client.chat.completions.create(messages=CHAT, stream=True, **greedy)
-    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    out["chat, streamed"] = text
+    c = r.choices[0]
+    out["chat"] = (c.message.content, r.prompt_token_ids, c.token_ids, c.finish_reason)
+    chunks = list(client.chat.completions.create(messages=CHAT, stream=True, **greedy))
+    choices = [ch.choices[0] for ch in chunks if ch.choices]
+    out["chat, streamed"] = (
+        "".join(c.delta.content or "" for c in choices),
+        chunks[0].prompt_token_ids,
+        [t for c in choices[1:] for t in c.token_ids or []],
+        choices[-1].finish_reason,
+    )
 
-    def stream(prompt: str) -> str:
-        chunks = client.completions.create(prompt=prompt, stream=True, **greedy)
-        return "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    out["four prompts, one at a time"] = [stream(p) for p in CONCURRENT]
+    with ThreadPoolExecutor(len(CONCURRENT)) as pool:
+        out["four concurrent streams"] = list(pool.map(stream, CONCURRENT))
 
-    concurrent = [f"{p} and" for p in PROMPTS] + [f"Once {p}" for p in PROMPTS]
-    with ThreadPoolExecutor(len(concurrent)) as pool:
-        out["four concurrent streams"] = list(pool.map(stream, concurrent))
+    choice = {"structured_outputs": {"choice": ["blue", "green", "red"]}, **IDS}
+    r = client.chat.completions.create(messages=CHAT, **{**greedy, "extra_body": choice})
+    out["chat constrained to a choice"] = (r.choices[0].message.content, r.choices[0].token_ids)
 
-    choice = {"structured_outputs": {"choice": ["blue", "green", "red"]}}
-    r = client.chat.completions.create(messages=CHAT, extra_body=choice, **greedy)
-    out["chat constrained to a choice"] = r.choices[0].message.content
+    metrics = httpx.get(url + "/metrics").text
+    out["speculative decoding: drafts, draft tokens, accepted tokens"] = tuple(
+        _gauge(metrics, name) for name in SPEC_COUNTERS
+    )
 
     chunks = client.completions.create(
         model=model, prompt="Tell a long story. " * 20, max_tokens=200, temperature=0, stream=True
@@ -150,11 +202,22 @@ def transcript(url: str) -> dict[str, object]:
 
 
 def compare(reference: dict, student: dict) -> str | None:
-    """The first difference, in one line; None when the transcripts agree."""
+    """The first difference, in one line; None when the transcripts agree.
+    Besides entry by entry: each of the student's concurrent streams must be
+    the reference's answer to the same request sent alone (greedy)."""
     for key, want in reference.items():
         got = student.get(key)
         if got != want:
             return f"{key}: the reference's engine gave {want!r}, yours gave {got!r}"
+    alone = reference["four prompts, one at a time"]
+    for prompt, want, got in zip(
+        CONCURRENT, alone, student["four concurrent streams"], strict=True
+    ):
+        if got != want:
+            return (
+                f"{prompt!r} streamed beside three others: the reference's engine, asked "
+                f"alone, gave {want!r}, yours gave {got!r}"
+            )
     return None
 
 

@@ -4,12 +4,14 @@ Graded: nothing new to write. Every lab region of every phase in
 ``labs/phase_NN/`` goes into the reference's modules at once
 (``mini_vllm/grading/assemble.py``), and ``mini-vllm serve`` runs that engine
 on SmolLM2 in a subprocess beside the reference's server. The official
-``openai`` client sends both the same requests (``mini_vllm/grading/capstone.py``):
-greedy completions and chats, whole and streamed; four streams at once; a
-chat constrained to a choice; a client that disconnects mid-stream, after
-which ``/metrics`` must show every KV block free. Everything must come back
-equal. When it does not, the grader swaps the reference's code back in phase
-by phase and names the first phase whose code makes the run differ.
+``openai`` client sends both the same requests (``mini_vllm/grading/capstone.py``),
+both servers with n-gram speculative decoding on: greedy completions and
+chats, whole and streamed, token ids included; four prompts alone, then as
+concurrent streams; a chat constrained to a choice; the speculative-decoding
+counters; a client that disconnects mid-stream, after which ``/metrics``
+must show every KV block free. Everything must come back equal. When it
+does not, the grader swaps the reference's code back in phase by phase and
+names the first phase whose code makes the run differ.
 """
 
 from __future__ import annotations
