@@ -8,8 +8,9 @@ Mirrors upstream ``vllm/config/`` at v0.22.1: ``SchedulerConfig``
 n-gram method only), ``LoRAConfig`` (config/lora.py:31), ``KVTransferConfig``
 (config/kv_transfer.py:23, the fields a connector reads), ``ParallelConfig``
 (config/parallel.py:108: tensor parallelism and the executor only),
-``CUDAGraphMode`` (config/compilation.py:53), ``CompilationConfig``
-(config/compilation.py:381, its CUDA-graph fields only), ``ProfilerConfig``
+``CompilationMode`` (config/compilation.py:37), ``CUDAGraphMode``
+(config/compilation.py:53), ``CompilationConfig`` (config/compilation.py:381:
+mode, backend, inductor options, cache folder, CUDA graphs), ``ProfilerConfig``
 (config/profiler.py:34: the torch profiler's switch, folder and trace
 options) and ``VllmConfig`` (config/vllm.py).
 Defaults are upstream's. ``ModelConfig`` here holds only ``max_model_len``, the model
@@ -20,7 +21,8 @@ and ``mm_max_tokens_per_item`` (what upstream's processor reports for a multimod
 the end of upstream's ``_get_and_verify_max_len`` (config/model.py:2119).
 Left out: pipeline, data and expert parallelism, LoRA's dtype and module
 filters, draft-model and EAGLE speculation, KV-transfer networking fields
-(engine id, ports, buffers), compilation, observability, partial-prefill
+(engine id, ports, buffers), compilation's passes, piecewise splitting and
+compile sizes, observability, partial-prefill
 limits.
 """
 
@@ -174,8 +176,8 @@ class ModelConfig:
     # What logprobs hold (upstream's LogprobsMode, vllm/config/model.py:98):
     # raw_logprobs (the default), raw_logits, processed_logprobs, processed_logits.
     logprobs_mode: str = "raw_logprobs"
-    # Run every step eagerly: no CUDA graphs (upstream's field,
-    # vllm/config/model.py:227; its compilation is not in mini_vllm).
+    # Run every step eagerly: no CUDA graphs and no torch.compile (upstream's
+    # field, vllm/config/model.py:227).
     enforce_eager: bool = False
     # A multimodal model's most encoder embeddings per item, by modality
     # ({"image": 576}); None for a text model. Upstream asks the model's
@@ -294,15 +296,61 @@ class CUDAGraphMode(enum.Enum):
         return self != CUDAGraphMode.NONE
 
 
+class CompilationMode(enum.IntEnum):
+    """How the model is compiled (upstream's enum, config/compilation.py:37).
+    NONE: eager. STOCK_TORCH_COMPILE: plain ``torch.compile`` of the model,
+    guards kept (not in mini_vllm). DYNAMO_TRACE_ONCE: one Dynamo trace of
+    the model with its batch dimension dynamic, guards dropped, so no batch
+    size recompiles. VLLM_COMPILE: upstream's piecewise inductor backend;
+    on a CPU upstream turns it into DYNAMO_TRACE_ONCE (platforms/cpu.py:169-188)
+    and so does mini_vllm, on every device."""
+
+    NONE = 0
+    STOCK_TORCH_COMPILE = 1
+    DYNAMO_TRACE_ONCE = 2
+    VLLM_COMPILE = 3
+
+
+# The inductor options upstream's CPU platform sets (platforms/cpu.py:181-188).
+CPU_INDUCTOR_COMPILE_CONFIG = {
+    "dce": True,
+    "size_asserts": False,
+    "nan_asserts": False,
+    "epilogue_fusion": True,
+    "cpp.dynamic_threads": True,
+}
+
+
 @dataclass
 class CompilationConfig:
-    """The CUDA-graph half of upstream's CompilationConfig
-    (config/compilation.py:381). Upstream's default mode is
-    FULL_AND_PIECEWISE; mini_vllm compiles nothing, so it has no piecewise
-    graphs and its default is FULL_DECODE_ONLY: full graphs of decode-only
-    batches, every other step eager. The sizes are filled in by
+    """Upstream's CompilationConfig (config/compilation.py:381): the
+    torch.compile fields (``mode``, ``backend``, ``inductor_compile_config``,
+    ``cache_dir``) and the CUDA-graph ones.
+
+    Compilation: upstream's default mode on a CPU is VLLM_COMPILE, which its
+    CPU platform makes DYNAMO_TRACE_ONCE with the inductor backend.
+    mini_vllm's default is NONE (eager): the readable path, and compile does
+    not pay at mini_vllm's scale: on the tiny test models a cold inductor
+    compile of the model takes far longer than the whole run it would
+    speed up (the numbers are in UPSTREAM_PIN.md, Phase 18). Ask for it with
+    ``LLM(..., compilation_config={"mode": 3})`` (or 2). ``cache_dir``, when
+    set, is where inductor keeps its compiled kernels (upstream points
+    TORCHINDUCTOR_CACHE_DIR at its cache, compilation/decorators.py:558), so a second
+    engine start reuses them.
+
+    CUDA graphs: upstream's default mode is FULL_AND_PIECEWISE; mini_vllm has
+    no piecewise graphs, so its default is FULL_DECODE_ONLY: full graphs of
+    decode-only batches, every other step eager. The sizes are filled in by
     ``VllmConfig._set_cudagraph_sizes`` (upstream's, config/vllm.py:1597)."""
 
+    # NONE (mini_vllm's default), DYNAMO_TRACE_ONCE or VLLM_COMPILE (an int is taken too).
+    mode: CompilationMode = CompilationMode.NONE
+    # "" (inductor), "inductor" or "eager" (Dynamo's trace, run without inductor).
+    backend: str = ""
+    # Options handed to inductor; the CPU platform's are added (CPU_INDUCTOR_COMPILE_CONFIG).
+    inductor_compile_config: dict = field(default_factory=dict)
+    # Inductor's on-disk cache; "" leaves torch's default (/tmp/torchinductor_$USER).
+    cache_dir: str = ""
     cudagraph_mode: CUDAGraphMode = CUDAGraphMode.FULL_DECODE_ONLY
     # Batch sizes (in tokens) to capture; None: upstream's default list.
     cudagraph_capture_sizes: list[int] | None = None
@@ -311,6 +359,22 @@ class CompilationConfig:
     max_cudagraph_capture_size: int | None = None
 
     def verify(self) -> None:
+        if not isinstance(self.mode, CompilationMode):
+            try:
+                self.mode = CompilationMode(self.mode)
+            except ValueError:
+                raise ValueError(
+                    f"compilation mode must be a CompilationMode (0-3), got {self.mode!r}."
+                ) from None
+        if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
+            raise ValueError(
+                "compilation mode STOCK_TORCH_COMPILE is not supported by mini_vllm: "
+                "use DYNAMO_TRACE_ONCE (2), VLLM_COMPILE (3) or NONE (0)."
+            )
+        if self.backend not in ("", "inductor", "eager"):
+            raise ValueError(
+                f"compilation backend must be '', 'inductor' or 'eager', got {self.backend!r}."
+            )
         if not isinstance(self.cudagraph_mode, CUDAGraphMode):
             raise ValueError(
                 f"cudagraph_mode must be a CUDAGraphMode, got {self.cudagraph_mode!r}."
@@ -625,7 +689,25 @@ class VllmConfig:
                 )
         if self.model_config.enforce_eager:  # no graphs at all (config/vllm.py:1233)
             self.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+        self._set_compilation_mode()
         self._set_cudagraph_sizes()
+
+    def _set_compilation_mode(self) -> None:
+        """Upstream's rules for the compilation mode: enforce_eager turns it
+        off (config/vllm.py:1032-1037); the CPU platform makes VLLM_COMPILE a
+        single Dynamo trace with inductor and its options, and LoRA turns
+        compilation off (platforms/cpu.py:169-196)."""
+        cc = self.compilation_config
+        if self.model_config.enforce_eager:
+            cc.mode = CompilationMode.NONE
+        if cc.mode == CompilationMode.VLLM_COMPILE:
+            cc.mode = CompilationMode.DYNAMO_TRACE_ONCE
+            cc.backend = cc.backend or "inductor"
+            cc.inductor_compile_config.update(CPU_INDUCTOR_COMPILE_CONFIG)
+        if self.lora_config is not None:
+            cc.mode = CompilationMode.NONE
+        if cc.mode == CompilationMode.DYNAMO_TRACE_ONCE and not cc.backend:
+            cc.backend = "inductor"
 
     def _set_cudagraph_sizes(self) -> None:
         """The batch sizes to capture, upstream's rule (config/vllm.py:1597):
@@ -683,6 +765,7 @@ class VllmConfig:
             "speculative decoding": self.speculative_config is not None,
             "a KV connector": self.kv_transfer_config is not None,
             "async_scheduling": self.scheduler_config.async_scheduling,
+            "torch.compile": self.compilation_config.mode != CompilationMode.NONE,
         }
         for name, used in unsupported.items():
             if used:

@@ -57,6 +57,9 @@ class ForwardContext:
     # CUDA graph of ``batch_descriptor`` (captured on its first such call).
     cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
     batch_descriptor: BatchDescriptor | None = None
+    # The attention layers by name, for the opaque attention op of a compiled
+    # model (upstream's field; the compiled model fills it, Phase 18).
+    no_compile_layers: dict[str, Any] = field(default_factory=dict)
 
 
 # One slot per thread: ``_local.context`` is the running forward's context.

@@ -22,6 +22,10 @@ import torch
 
 from mini_vllm.forward_context import get_forward_context
 from mini_vllm.model_executor.layers import attention as _reference
+from mini_vllm.model_executor.layers.attention import (  # noqa: F401
+    unified_attention_with_output,
+    unified_attention_with_output_fake,
+)
 
 
 class Attention(_reference.Attention):
@@ -30,6 +34,12 @@ class Attention(_reference.Attention):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """query [T, num_heads*head_size], key/value [T, num_kv_heads*head_size]
         -> [T, num_heads*head_size]."""
+        if torch.compiler.is_compiling():  # traced: one opaque op (the docstring)
+            output = torch.empty_like(query)
+            torch.ops.mini_vllm.unified_attention_with_output(
+                query, key, value, output, self.layer_name
+            )
+            return output
         if self.impl is None or self.kv_cache is None:
             raise RuntimeError(f"attention layer {self.layer_name!r} has no KV cache bound")
         context = get_forward_context()

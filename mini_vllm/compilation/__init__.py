@@ -1,1 +1,2 @@
-"""Upstream's ``vllm/compilation/``: here only the CUDA-graph wrapper (Phase 18)."""
+"""Upstream's ``vllm/compilation/``: the CUDA-graph wrapper and torch.compile's
+trace-once decorator and wrapper (Phase 18)."""

@@ -34,6 +34,8 @@ import torch
 from mini_vllm.config import (
     AttentionConfig,
     CacheConfig,
+    CompilationConfig,
+    CompilationMode,
     DeviceConfig,
     KVTransferConfig,
     LoRAConfig,
@@ -71,6 +73,23 @@ def default_batch_limits(device) -> tuple[int, int]:
     if total >= 70 * 2**30 and "a100" not in name:
         return 16384, 1024
     return 8192, 256
+
+
+def compilation_config_of(value: int | dict | CompilationConfig | None) -> CompilationConfig:
+    """``LLM``'s ``compilation_config``: an int is the mode, a dict the fields
+    (upstream's rule, entrypoints/llm.py:275-282); checked here, before loading."""
+    if isinstance(value, CompilationConfig):
+        config = value
+    elif isinstance(value, dict):
+        config = CompilationConfig(**value)
+    elif value is None:
+        config = CompilationConfig()
+    elif isinstance(value, int):
+        config = CompilationConfig(mode=CompilationMode(value) if 0 <= value <= 3 else value)
+    else:
+        raise ValueError(f"compilation_config must be an int, a dict or None, got {value!r}.")
+    config.verify()
+    return config
 
 
 class LLM:
@@ -112,6 +131,7 @@ class LLM:
         enable_prompt_embeds: bool = False,
         profiler_config: dict | None = None,
         enforce_eager: bool = False,
+        compilation_config: int | dict | CompilationConfig | None = None,
     ) -> None:
         from mini_vllm.model_executor.layers.quantization import verify_quantization
         from mini_vllm.model_executor.model_loader import find_checkpoint, load_model
@@ -138,6 +158,7 @@ class LLM:
         kv_config = (
             None if kv_transfer_config is None else KVTransferConfig.from_dict(kv_transfer_config)
         )
+        compilation = compilation_config_of(compilation_config)
         torch_device = resolve_device(device)
         verify_kv_cache_dtype(
             kv_cache_dtype, resolve_attention_backend(attention_backend, torch_device)
@@ -204,6 +225,7 @@ class LLM:
             lora_config=lora_config,
             parallel_config=parallel_config,
             profiler_config=profiler,
+            compilation_config=compilation,
         )
         self.llm_engine = LLMEngine(config, loaded)
         self.request_counter = itertools.count()

@@ -72,6 +72,7 @@ import torch
 from mini_vllm.attention.backend import AttentionMetadata
 from mini_vllm.attention.backends.utils import reorder_batch_to_split_decodes_and_prefills
 from mini_vllm.compilation.cuda_graph import CUDAGraphWrapper
+from mini_vllm.compilation.decorators import enable_torch_compile
 from mini_vllm.config import CUDAGraphMode, VllmConfig
 from mini_vllm.core.sched.output import GrammarOutput, SchedulerOutput
 from mini_vllm.cudagraph_dispatcher import CudagraphDispatcher
@@ -190,6 +191,9 @@ class GPUModelRunner:
             self.lora_manager = LRUCacheLoRAModelManager(
                 model, vllm_config.lora_config, next(model.parameters()).dtype, self.device
             )
+        # torch.compile (Phase 18): the decorated model classes compile on
+        # their first call when the mode asks for it (LoRA turned it off).
+        enable_torch_compile(model, vllm_config.compilation_config)
         # N-gram speculation: the proposer drafts after each step, the
         # rejection sampler verifies the drafts the next step.
         spec = vllm_config.speculative_config

@@ -2,8 +2,7 @@
 
 Mirrors upstream ``vllm/model_executor/layers/attention/attention.py``
 (``Attention`` :177, its ``forward`` :437, ``calc_kv_scales`` :531) at
-v0.22.1. Left out: KV-sharing, custom-op registration for torch.compile,
-query scales, scales read from a checkpoint or computed (upstream's
+v0.22.1. Left out: KV-sharing, query scales, scales read from a checkpoint or computed (upstream's
 deprecated ``calculate_kv_scales``).
 
 An fp8 KV cache (``kv_cache_dtype="fp8"``) keeps ``key / k_scale`` and
@@ -26,6 +25,15 @@ With a KV connector in the forward context (Phase 15), the layer waits for
 its KV to load before attention and hands its cache to the connector to
 save after; either call raising is recorded in the forward context for the
 runner (upstream's engine dies) and the forward goes on.
+
+Under torch.compile (Phase 18) the layer's whole forward is one opaque
+custom op, ``mini_vllm::unified_attention_with_output`` (upstream's op of
+that name, :734, registered at :777, which its CPU platform always calls:
+``opaque_attention_op``, vllm/platforms/cpu.py:399): Dynamo does not trace into
+it, so the backend's per-request Python, the metadata and the KV-cache
+write run eagerly inside the compiled graph. The op finds its layer in the
+forward context's ``no_compile_layers`` and writes into ``output``.
+Eagerly, the layer runs its forward directly.
 """
 
 from __future__ import annotations
@@ -84,6 +92,12 @@ class Attention(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """query [T, num_heads*head_size], key/value [T, num_kv_heads*head_size]
         -> [T, num_heads*head_size]."""
+        if torch.compiler.is_compiling():  # traced: one opaque op (the docstring)
+            output = torch.empty_like(query)
+            torch.ops.mini_vllm.unified_attention_with_output(
+                query, key, value, output, self.layer_name
+            )
+            return output
         if self.impl is None or self.kv_cache is None:
             raise RuntimeError(f"attention layer {self.layer_name!r} has no KV cache bound")
         context = get_forward_context()
@@ -132,3 +146,22 @@ class Attention(nn.Module):
             out = out * self._v_scale_float
         # END LAB 10.3
         return out.reshape(t, self.num_heads * self.head_size)
+
+
+@torch.library.custom_op("mini_vllm::unified_attention_with_output", mutates_args=("output",))
+def unified_attention_with_output(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    output: torch.Tensor,
+    layer_name: str,
+) -> None:
+    """Run attention layer ``layer_name`` eagerly and write its result into ``output``."""
+    layer = get_forward_context().no_compile_layers[layer_name]
+    output.copy_(layer.forward(query, key, value))
+
+
+@unified_attention_with_output.register_fake
+def unified_attention_with_output_fake(query, key, value, output, layer_name) -> None:
+    """What the trace sees: the op returns nothing and writes ``output`` in place."""
+    return None

@@ -56,7 +56,12 @@ def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module) -> None:
     def onednn_linear(x, weight_now, bias):
         # A weight replaced, changed in place or cast since it was packed, or an
         # input of another dtype: the packed copy is stale, so the plain matmul runs.
-        if (weight_now.data_ptr(), weight_now._version, x.dtype) != packed_from:
+        # A torch.compile trace takes the plain matmul too: inductor cannot trace
+        # the packed weight, and picks its own GEMM (Phase 18).
+        if (
+            torch.compiler.is_compiling()
+            or (weight_now.data_ptr(), weight_now._version, x.dtype) != packed_from
+        ):
             return F.linear(x, weight_now, bias)
         out = torch.ops.mkldnn._linear_pointwise(
             x.reshape(-1, x.shape[-1]), packed, bias, "none", [], ""

@@ -3,8 +3,10 @@
 Mirrors upstream ``vllm/model_executor/models/llama.py`` at v0.22.1
 (``LlamaMLP`` at :81, ``LlamaAttention`` at :124, ``LlamaDecoderLayer`` at
 :253, ``LlamaModel`` at :350 with its ``LlamaModel.load_weights`` at :436,
-``LlamaForCausalLM`` at :501). Left out: pipeline parallelism, LoRA, EAGLE hooks,
-torch.compile, bidirectional (encoder-only) use,
+``LlamaForCausalLM`` at :501). ``LlamaModel`` is compiled as upstream's
+(``@support_torch_compile``, :340; mini_vllm/compilation/decorators.py)
+when the compilation mode asks for it. Left out: pipeline parallelism, LoRA, EAGLE hooks,
+bidirectional (encoder-only) use,
 ``logit_scale``, and the GGUF-specific GPT-J RoPE (mini_vllm's loader
 un-permutes GGUF q/k weights instead). Sliding-window layers as upstream's
 ``LlamaAttention`` sets them (:184-203): a config's ``layer_types`` names
@@ -44,6 +46,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from mini_vllm.compilation.decorators import support_torch_compile
 from mini_vllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from mini_vllm.model_executor.layers.activation import SiluAndMul
 from mini_vllm.model_executor.layers.attention import Attention
@@ -227,6 +230,8 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
+# One trace for every batch size: the token dimension is dynamic (upstream :340-349).
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0})
 class LlamaModel(nn.Module):
     def __init__(
         self,
