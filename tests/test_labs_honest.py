@@ -80,8 +80,8 @@ says which run keeps the proof):
 What runs elsewhere (``PROVEN_ELSEWHERE``): Lab 19.3 has no region of its
 own; it serves the student's code of every phase as one engine beside the
 reference's server (minutes a run). tests/test_capstone.py proves it honest
-on its own: the solved copy answers as the reference does (fast tier) and
-untouched starters fail the run (deep tier). The three runs here grade
+on its own, in the fast tier: the solved copy answers as the reference does
+and untouched starters fail the run. The three runs here grade
 Phase 19's other labs.
 """
 
