@@ -234,17 +234,35 @@ class KVCacheManager:
         total_computed_tokens = min(
             num_local_computed_tokens + num_external_computed_tokens, self.max_model_len
         )
-        free = self.block_pool.get_num_free_blocks()
+        num_tokens_need_slot = min(
+            total_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
+        )
         request_id = request.request_id
+        req_blocks = self.req_to_blocks.get(request_id)
 
+        # Shaped for speed (mini only; the general path below gives the same
+        # result): a running request whose blocks already hold every slot it
+        # needs (most decode steps) takes no new block, so it cannot fail;
+        # only the blocks this step fills are cached.
+        if (
+            req_blocks
+            and not new_computed
+            and not num_external_computed_tokens
+            and not full_sequence_must_fit
+            and num_tokens_need_slot <= len(req_blocks) * self.block_size
+        ):
+            if self.enable_caching and not delay_cache_blocks:
+                self.cache_blocks(
+                    request, min(total_computed_tokens + num_new_tokens, request.num_tokens)
+                )
+            return self.empty_kv_cache_blocks
+
+        free = self.block_pool.get_num_free_blocks()
         if full_sequence_must_fit:
             full_num_tokens = min(request.num_tokens, self.max_model_len)
             if self._get_num_blocks_to_allocate(request_id, full_num_tokens, new_computed) > free:
                 return None
 
-        num_tokens_need_slot = min(
-            total_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
-        )
         if self._get_num_blocks_to_allocate(request_id, num_tokens_need_slot, new_computed) > free:
             return None
 

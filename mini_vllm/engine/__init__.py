@@ -6,6 +6,10 @@ Mirrors upstream ``vllm/v1/engine/__init__.py`` at v0.22.1 (``FinishReason``
 serialization, logprob tensors, pooling fields, and the per-client dict
 (mini_vllm has one client).
 
+``EngineCoreOutput`` is a msgspec ``Struct`` with ``gc=False``, as upstream's:
+the scheduler builds one per request per step, and a Struct is built in C
+(about 0.4 us here, against 1.5-2 us for a dataclass with these eight fields).
+
 Events and timestamps feed the metrics (Phase 18): the scheduler records a
 request's QUEUED, SCHEDULED and PREEMPTED events on the request and hands
 them out with its next output; ``EngineCoreOutputs.timestamp`` is when the
@@ -19,6 +23,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import msgspec
 
 if TYPE_CHECKING:
     from mini_vllm.metrics.stats import PrefillStats, SchedulerStats
@@ -59,8 +65,7 @@ class EngineCoreEvent:
         return cls(event_type, time.monotonic() if timestamp is None else timestamp)
 
 
-@dataclass
-class EngineCoreOutput:
+class EngineCoreOutput(msgspec.Struct, gc=False):
     request_id: str
     new_token_ids: list[int]
     finish_reason: FinishReason | None = None

@@ -40,7 +40,9 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     # HINT: the request's sampling_params has min_tokens, eos_token_id, stop_token_ids;
     # HINT: request.max_tokens, request.num_tokens, request.num_output_tokens.
     params = request.sampling_params
-    if request.num_output_tokens < params.min_tokens:
+    # Read once: this runs for every sampled token, and nothing below appends.
+    num_output_tokens = request.num_output_tokens
+    if num_output_tokens < params.min_tokens:
         return False
     last_token_id = request.output_token_ids[-1]
     if last_token_id == params.eos_token_id:
@@ -50,7 +52,7 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = last_token_id
         return True
-    if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
+    if request.num_tokens >= max_model_len or num_output_tokens >= request.max_tokens:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
