@@ -75,6 +75,7 @@ class AsyncLLM(_reference.AsyncLLM):
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort)
         self.stat_logger.record(outputs.scheduler_stats, iteration_stats)
+        self.llm_engine.record_stats(outputs.scheduler_stats)  # get_stats' totals
 
     async def generate(
         self,
