@@ -688,6 +688,31 @@ PLANTS = [
         "finished.num_prompt_tokens - finished.num_cached_tokens",
         "a request with no cached count (-1) observes one prefill token too many",
     ),
+    # Lab 18.4's hint: "that dimension of a tensor" (dim, not always 0)
+    Plant(
+        "18",
+        "mini_vllm/compilation/decorators.py",
+        "            torch._dynamo.mark_dynamic(arg, dim)\n",
+        "            torch._dynamo.mark_dynamic(arg, 0)\n",
+        "dimension 0 is marked dynamic whatever dynamic_arg_dims says",
+    ),
+    # Lab 18.4's hint: "None stays as it is"
+    Plant(
+        "18",
+        "mini_vllm/compilation/decorators.py",
+        "        if isinstance(arg, torch.Tensor):\n"
+        "            torch._dynamo.mark_dynamic(arg, dim)\n",
+        "        torch._dynamo.mark_dynamic(arg, dim)\n",
+        "an argument that is None (inputs_embeds) is marked too",
+    ),
+    # Lab 18.4's hint: one bool a guard, keep it or not
+    Plant(
+        "18",
+        "mini_vllm/compilation/wrapper.py",
+        '        options["guard_filter_fn"] = torch.compiler.skip_all_guards_unsafe\n',
+        '        options["guard_filter_fn"] = lambda guards: [True for _ in guards]\n',
+        "every guard is kept: a changed attribute traces the model again",
+    ),
     # ---- Phase 19: two designs v1 does not use
     # issue 38 (lab 19.1's HINT: the CPU blocks go back to the pool)
     Plant(
