@@ -12,15 +12,23 @@ the medians are reported, with mini_vllm's time as a ratio of upstream's.
 ``--clock process`` times the loop in CPU seconds of this process
 (``time.process_time``) instead of wall-clock seconds: on a machine other
 jobs share, the wall clock also counts the time the loop waited for a core.
+``--out FILE`` also writes the run (conditions, every time, medians,
+ratios) as JSON; the committed one is ``results/scheduler_cpu.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
+import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import mini_vllm.testing as mini
 from mini_vllm.kv_cache_interface import cdiv
@@ -76,6 +84,21 @@ def run_once(backend, workload, num_blocks: int, clock=time.perf_counter) -> tup
     return elapsed, steps, sum(r.num_preemptions for r in requests)
 
 
+def git_commit() -> str | None:
+    """The checkout's commit, for the results file (None outside a git checkout)."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mini_vllm.benchmarks.scheduler")
     parser.add_argument("--repeats", type=int, default=5)
@@ -85,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         default="wall",
         help="wall-clock seconds (default), or this process's CPU seconds",
     )
+    parser.add_argument("--out", type=Path, help="also write the run as JSON to this file")
     args = parser.parse_args(argv)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     from mini_vllm.oracle import upstream
@@ -101,6 +125,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{'case':<16} {'blocks':>7} {'steps':>6} {'preempt':>8} {'upstream s':>11} "
         f"{'mini_vllm s':>12} {'ratio':>6}"
     )
+    report = {
+        "command": "python -m mini_vllm.benchmarks.scheduler " + " ".join(argv or sys.argv[1:]),
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "clock": args.clock,
+        "repeats": args.repeats,
+        "loadavg_before": os.getloadavg(),
+        "cases": {},
+    }
     for case, num_blocks in cases.items():
         times = {"upstream": [], "mini": []}
         info = {}
@@ -118,6 +153,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{case:<16} {num_blocks:>7} {steps:>6} {pre:>8} {up:>11.3f} {mv:>12.3f} "
             f"{mv / up:>5.2f}x"
         )
+        report["cases"][case] = {
+            "num_blocks": num_blocks,
+            "steps": steps,
+            "preemptions": pre,
+            "upstream_s": times["upstream"],
+            "mini_vllm_s": times["mini"],
+            "upstream_median_s": up,
+            "mini_vllm_median_s": mv,
+            "ratio": mv / up,
+        }
+    report["loadavg_after"] = os.getloadavg()
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -218,6 +218,27 @@ class KVCacheManager:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no external computed tokens"
             )
+        request_id = request.request_id
+        req_blocks = self.req_to_blocks.get(request_id)
+        # Shaped for speed (mini only; the general path below gives the same
+        # result): a running request whose blocks already hold every slot it
+        # needs (most decode steps) takes no new block, so it cannot fail;
+        # only the blocks this step fills are cached.
+        if (
+            req_blocks
+            and new_computed_blocks is None
+            and num_external_computed_tokens == 0
+            and not full_sequence_must_fit
+            and self.coordinator is None
+            and request.num_computed_tokens + num_new_tokens + num_lookahead_tokens
+            <= len(req_blocks) * self.block_size
+        ):
+            if self.enable_caching and not delay_cache_blocks:
+                self.cache_blocks(
+                    request, min(request.num_computed_tokens + num_new_tokens, request.num_tokens)
+                )
+            return self.empty_kv_cache_blocks
+
         if self.coordinator is not None:
             if num_external_computed_tokens or delay_cache_blocks:
                 raise ValueError("KV connectors need one full-attention KV-cache group.")
@@ -237,25 +258,6 @@ class KVCacheManager:
         num_tokens_need_slot = min(
             total_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
         )
-        request_id = request.request_id
-        req_blocks = self.req_to_blocks.get(request_id)
-
-        # Shaped for speed (mini only; the general path below gives the same
-        # result): a running request whose blocks already hold every slot it
-        # needs (most decode steps) takes no new block, so it cannot fail;
-        # only the blocks this step fills are cached.
-        if (
-            req_blocks
-            and not new_computed
-            and not num_external_computed_tokens
-            and not full_sequence_must_fit
-            and num_tokens_need_slot <= len(req_blocks) * self.block_size
-        ):
-            if self.enable_caching and not delay_cache_blocks:
-                self.cache_blocks(
-                    request, min(total_computed_tokens + num_new_tokens, request.num_tokens)
-                )
-            return self.empty_kv_cache_blocks
 
         free = self.block_pool.get_num_free_blocks()
         if full_sequence_must_fit:
