@@ -12,6 +12,7 @@ the runs use the GPU; without it, the CPU.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -44,19 +45,26 @@ PROMPTS = [
 def llm():
     """SmolLM2 with a 16-token step budget (long prompts are chunked) and a
     KV cache of 17 blocks of 16 tokens: room for one max_model_len request,
-    not for all eight at once, so requests get preempted."""
-    return LLM(
-        str(smollm2_gguf_path()),
-        max_model_len=256,
-        max_num_seqs=8,
-        max_num_batched_tokens=16,
-        enable_chunked_prefill=True,
-        enable_prefix_caching=True,
-        block_size=16,
-        num_gpu_blocks_override=17,
-        device="cuda" if torch.cuda.is_available() else "cpu",
-        dtype="float32",
-    )
+    not for all eight at once, so requests get preempted. Loaded by the first
+    test that calls it, after ``finished_lab``: an unwritten region fails
+    before the model loads."""
+
+    @functools.cache
+    def load() -> LLM:
+        return LLM(
+            str(smollm2_gguf_path()),
+            max_model_len=256,
+            max_num_seqs=8,
+            max_num_batched_tokens=16,
+            enable_chunked_prefill=True,
+            enable_prefix_caching=True,
+            block_size=16,
+            num_gpu_blocks_override=17,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            dtype="float32",
+        )
+
+    return load
 
 
 def generate(llm: LLM, scheduler_cls: type, policy: str = "fcfs", priorities=None):
@@ -110,12 +118,15 @@ def compare(llm, student_cls, **kwargs):
 
 
 @pytest.mark.points(10)
-def test_smollm2_fcfs_with_chunked_prefill_and_preemption(llm, impl):
-    compare(llm, impl.scheduler.Scheduler)
+def test_smollm2_fcfs_with_chunked_prefill_and_preemption(llm, finished_lab):
+    compare(llm(), finished_lab.scheduler.Scheduler)
 
 
 @pytest.mark.points(5)
-def test_smollm2_priority_policy(llm, impl):
+def test_smollm2_priority_policy(llm, finished_lab):
     compare(
-        llm, impl.scheduler.Scheduler, policy="priority", priorities=[3, 0, 2, 1, 0, 3, 1, 2, 0]
+        llm(),
+        finished_lab.scheduler.Scheduler,
+        policy="priority",
+        priorities=[3, 0, 2, 1, 0, 3, 1, 2, 0],
     )
