@@ -9,8 +9,9 @@ the reference's requests as the reference does, and the untouched starters
 fail the run (their engine stops at the first hole it reaches, while
 starting: one server start, no bisection); and the rule that each concurrent
 stream equals the reference's answer sent alone. Deep tier: a solved copy
-with one planted Phase 04 bug is named by the bisection as Phase 04 (a server
-start for each phase it tries).
+with one planted Phase 04 bug is named by the bisection as Phase 04, and one
+with a planted Phase 08 proposer bug (seen only in the speculative-decoding
+counters) as Phase 08 (a server start for each phase it tries).
 """
 
 from __future__ import annotations
@@ -137,3 +138,18 @@ def test_compare_wants_each_concurrent_stream_equal_to_the_reference_alone():
     assert why is not None and why.startswith(f"{capstone.CONCURRENT[2]!r} streamed beside"), why
     same = {**reference, "four concurrent streams": alone}
     assert capstone.compare(same, dict(same)) is None
+
+
+@pytest.mark.deep
+def test_bisection_names_phase_08_for_a_planted_proposer_bug(solved, reference, tmp_path):
+    # Drafting after the latest n-gram match keeps greedy tokens (drafts are
+    # verified) but changes what is drafted: only the served run's speculative
+    # counters can tell, and the bisection must still name Phase 08.
+    plant = next(p for p in PLANTS if p.path == "mini_vllm/spec_decode/ngram_proposer.py")
+    labs = tmp_path / "planted"
+    subprocess.run(["cp", "-r", str(solved), str(labs)], check=True)
+    rel, _ = solved_starter(plant)
+    apply(plant, labs / rel)
+    verdict = capstone.bisect(labs, reference)
+    assert verdict.startswith("Phase 08 is the first"), verdict
+    assert "speculative decoding" in verdict, verdict

@@ -42,8 +42,15 @@ from mini_vllm.grading.assemble import PHASES_ENV
 START_TIMEOUT_S = 240
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 CHAT = [{"role": "user", "content": "Name a colour of the sky."}]
-# Sent alone, then at once; the last repeats itself, so the n-gram drafts hit.
-CONCURRENT = [f"{PROMPTS[0]} and", f"Once {PROMPTS[1]}", "Once upon a", "1, 2, 3, 1, 2, 3, 1,"]
+# Sent alone, then at once. The last two repeat themselves, so n-gram drafts
+# are made and accepted; in the third a word recurs with other words after it,
+# so where the proposer looks (earliest match or another) changes the drafts.
+CONCURRENT = [
+    f"{PROMPTS[0]} and",
+    f"Once {PROMPTS[1]}",
+    "red green blue red yellow blue red green",
+    "1, 2, 3, 1, 2, 3, 1,",
+]
 MAX_TOKENS = 8
 # Both servers draft alike (n-gram, Phase 08); greedy output must not change.
 SPECULATIVE_CONFIG = {
