@@ -20,6 +20,7 @@ from test_triton_attention import TOL, make_batch, reference
 from mini_vllm.attention.backend import get_attn_backend
 from mini_vllm.attention.backends.cpu_attn import (
     DECODE_GROUP_ROWS,
+    PREFILL_GROUP_CELLS,
     CPUAttentionBackendImpl,
     plan_for,
 )
@@ -77,6 +78,29 @@ def test_decode_rows_in_several_length_groups():
     out, ref, cache, ref_cache, md = run_both(layout, 3, 1, 64, 16, torch.float32, seed=3)
     torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_rows_in_several_padded_groups():
+    # More prefill rows than one group holds, of shuffled query lengths and cached
+    # contexts, decode rows among them: each group pads queries and keys to its own
+    # longest row, and only the real query slots' outputs land, each on its own token.
+    gen = torch.Generator().manual_seed(1)
+    contexts = torch.randint(0, 150, (24,), generator=gen).tolist()
+    q_lens = torch.randint(2, 41, (24,), generator=gen).tolist()
+    layout = list(zip(contexts, q_lens, strict=True))
+    layout[3], layout[11], layout[17] = (60, 1), (0, 1), (149, 1)
+    out, ref, cache, ref_cache, md = run_both(layout, 3, 1, 64, 16, torch.float32, seed=4)
+    torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    groups = plan_for(md, 16).prefill_groups
+    assert len(groups) > 1 and max(g.mask.shape[0] for g in groups) > 1
+    assert all(g.mask[:, 0].numel() <= PREFILL_GROUP_CELLS or g.mask.shape[0] == 1 for g in groups)
+    assert sorted(torch.cat([g.tokens for g in groups]).tolist()) == [
+        t
+        for i, (_, q) in enumerate(layout)
+        if q > 1
+        for t in range(md.query_start_loc[i], md.query_start_loc[i] + q)
+    ]
 
 
 def test_the_plan_is_built_once_per_metadata():

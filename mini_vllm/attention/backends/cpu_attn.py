@@ -24,11 +24,22 @@ definition) computes, to float32 rounding, in fewer and larger operations:
   copies: the query ``[b, num_heads, D]`` is viewed as ``[b, num_kv_heads,
   group, D]``, the group's heads taking the place of query positions, so
   every head meets its own KV head.
-- prefill rows: one SDPA call per row over its gathered keys and values,
+- prefill rows (several new tokens each): sorted by length and cut into
+  groups of at most ``PREFILL_GROUP_CELLS`` padded query x key cells; per
+  layer, each group is one gather and one SDPA call, queries padded to the
+  group's longest row (a padded slot repeats its row's last token, and its
+  output is dropped) and keys masked causally from each query's own position,
   with SDPA's own GQA (``enable_gqa``) instead of ``repeat_interleave``.
+  Upstream calls SDPA once per prefill row (``_run_sdpa_forward``
+  :400, its loop at :436); a call has a fixed cost that short prompts
+  do not amortise, so mini_vllm pads a few together.
+- the store: each token's key and value copied into the cache by rows
+  (``store_kv``, ``index_copy_`` at row indices the plan computes once per
+  step), as upstream's backend has its own store op (its ``forward`` :292
+  calls ops.cpu_attn_reshape_and_cache).
 
 What depends only on the step's metadata (the decode/prefill split, the
-groups, their block ids and masks, each prefill row's causal mask) is built
+groups, their block ids and masks, the store's rows) is built
 once per step by the first layer (``plan_for``) and reused by the others, as
 upstream's metadata builder runs once per step for every layer.
 
@@ -51,7 +62,6 @@ import torch
 import torch.nn.functional as F
 
 from mini_vllm.attention.backend import AttentionImpl, AttentionMetadata
-from mini_vllm.attention.backends.torch_attn import reshape_and_cache
 from mini_vllm.kv_cache_interface import cdiv
 
 _workspace = threading.local()
@@ -90,15 +100,22 @@ class DecodeGroup:
     valid: torch.Tensor
 
 
-@dataclass
-class PrefillRow:
-    """A row with several new tokens: its query tokens, blocks and causal mask."""
+# Prefill rows per padded group: rows are sorted by length and a group takes them
+# while its padded query x key rectangles stay within this many cells (the math SDPA
+# holds a score for each, per head); a row larger than that is a group alone.
+PREFILL_GROUP_CELLS = 2**15
 
-    start: int
-    end: int
-    seq_len: int
-    blocks: torch.Tensor  # int64 [cdiv(seq_len, block_size)]
-    mask: torch.Tensor  # bool [q_len, seq_len]
+
+@dataclass
+class PrefillGroup:
+    """Rows with several new tokens each, padded to the group's longest query and keys."""
+
+    queries: torch.Tensor  # int64 [b * q]: each padded query slot's token (a row's last repeats)
+    blocks: torch.Tensor  # int64 [b * num_blocks]: the rows' block ids, row after row
+    # bool [b, 1, q, num_blocks * block_size]: causal (and window) mask per query slot
+    mask: torch.Tensor
+    real: torch.Tensor  # int64 [n]: the padded slots that are real tokens, in order
+    tokens: torch.Tensor  # int64 [n]: those tokens (where their outputs go)
 
 
 @dataclass
@@ -109,7 +126,10 @@ class CPUAttentionPlan:
     splits decodes from prefills for all layers)."""
 
     decode_groups: list[DecodeGroup]
-    prefill_rows: list[PrefillRow]
+    prefill_groups: list[PrefillGroup]
+    # int64 [n]: where token t's key goes in the cache seen as rows of
+    # [num_kv_heads, head_size] (its value goes block_size rows further on)
+    key_rows: torch.Tensor
 
 
 def build_plan(
@@ -140,18 +160,65 @@ def build_plan(
                 valid=valid[:, None, None, :],
             )
         )
-    prefill = []
-    starts_list, seq_lens_list = starts.tolist(), seq_lens.tolist()
-    for i in (~is_decode).nonzero().flatten().tolist():
-        start, end, seq_len = starts_list[i], starts_list[i + 1], seq_lens_list[i]
-        key_pos = torch.arange(seq_len, device=seq_lens.device)  # [seq_len]
-        q_pos = key_pos[seq_len - (end - start) :]  # [q_len]
-        table = attn_metadata.block_table[i, : cdiv(seq_len, block_size)]
-        mask = key_pos[None, :] <= q_pos[:, None]  # [q_len, seq_len]
-        if w is not None:
-            mask &= key_pos[None, :] > q_pos[:, None] - w
-        prefill.append(PrefillRow(start, end, seq_len, table.long(), mask))
-    return CPUAttentionPlan(groups, prefill)
+    # Prefill rows, shortest first, in groups of at most PREFILL_GROUP_CELLS padded cells.
+    prefill_rows = (~is_decode).nonzero().flatten()
+    prefill_rows = prefill_rows[seq_lens[prefill_rows].argsort(stable=True)].tolist()
+    q_list, seq_list = q_lens.tolist(), seq_lens.tolist()
+    prefill, rows = [], []
+    for i in prefill_rows:
+        bigger = rows + [i]
+        cells = len(bigger) * max(q_list[r] for r in bigger) * seq_list[i]
+        if rows and cells > PREFILL_GROUP_CELLS:
+            prefill.append(prefill_group(attn_metadata, rows, block_size, w))
+            bigger = [i]
+        rows = bigger
+    if rows:
+        prefill.append(prefill_group(attn_metadata, rows, block_size, w))
+    # Slot s is offset s % block_size of block s // block_size; in the cache's
+    # [num_blocks, 2, block_size] rows, that block's keys start at block * 2 * block_size.
+    slots = attn_metadata.slot_mapping[: attn_metadata.num_actual_tokens]
+    key_rows = slots // block_size * (2 * block_size) + slots % block_size
+    return CPUAttentionPlan(groups, prefill, key_rows)
+
+
+def prefill_group(
+    attn_metadata: AttentionMetadata, rows: list[int], block_size: int, w: int | None
+) -> PrefillGroup:
+    """The padded group of prefill ``rows`` (request indices): row i's query slot j is
+    its token min(j, q_len - 1), at position seq_len - q_len + that, and sees the key
+    positions up to its own (a padded slot repeats the row's last token, so no mask
+    row is empty)."""
+    rows_t = torch.tensor(rows)
+    starts = attn_metadata.query_start_loc[rows_t].long()  # [b]
+    q_lens = attn_metadata.query_start_loc[rows_t + 1].long() - starts  # [b]
+    seq_lens = attn_metadata.seq_lens[rows_t].long()  # [b]
+    num_blocks = cdiv(int(seq_lens.max()), block_size)
+    slot = torch.arange(int(q_lens.max()))  # [q]
+    j = torch.minimum(slot[None, :], q_lens[:, None] - 1)  # [b, q]: the token within its row
+    q_pos = (seq_lens - q_lens)[:, None] + j  # [b, q]
+    key_pos = torch.arange(num_blocks * block_size)  # [L]
+    mask = key_pos <= q_pos[:, :, None]  # [b, q, L]
+    if w is not None:
+        mask &= key_pos > q_pos[:, :, None] - w
+    real = (slot[None, :] < q_lens[:, None]).flatten().nonzero().flatten()  # [n]
+    queries = (starts[:, None] + j).flatten()  # [b * q]
+    table = attn_metadata.block_table[rows_t, :num_blocks]  # [b, num_blocks]
+    return PrefillGroup(queries, table.flatten().long(), mask[:, None], real, queries[real])
+
+
+def store_kv(key, value, kv_cache: torch.Tensor, key_rows: torch.Tensor, block_size: int):
+    """The step's keys and values into the cache at their slots: what
+    ``reshape_and_cache`` (torch_attn.py) does, as two row copies (``index_copy_``)
+    at rows the plan computed once for every layer, where indexing by (block, 0,
+    offset) costs more per layer. Upstream's CPU backend has its own store too: its
+    ``forward`` (vllm/v1/attention/backends/cpu_attn.py:292) calls
+    ops.cpu_attn_reshape_and_cache."""
+    rows = kv_cache.view(-1, *kv_cache.shape[3:])  # [num_blocks * 2 * block_size, kv_heads, D]
+    key, value = key.to(kv_cache.dtype), value.to(kv_cache.dtype)
+    if kv_cache.element_size() == 1:  # index_copy_ has no float8 kernel: copy the bytes
+        rows, key, value = rows.view(torch.uint8), key.view(torch.uint8), value.view(torch.uint8)
+    rows.index_copy_(0, key_rows, key)
+    rows.index_copy_(0, key_rows + block_size, value)
 
 
 def plan_for(
@@ -183,14 +250,17 @@ class CPUAttentionBackendImpl(AttentionImpl):
         self, query, key, value, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> torch.Tensor:
         n = attn_metadata.num_actual_tokens
-        reshape_and_cache(key[:n], value[:n], kv_cache, attn_metadata.slot_mapping[:n])
-
-        out = torch.zeros_like(query)  # [num_tokens, num_heads, head_size]
         plan = plan_for(attn_metadata, kv_cache.shape[2], self.sliding_window)
+        store_kv(key[:n], value[:n], kv_cache, plan.key_rows, kv_cache.shape[2])
+
+        # [num_tokens, num_heads, head_size]: each of the n tokens belongs to one decode
+        # or prefill row, which writes it below; padding tokens after them read 0.
+        out = torch.empty_like(query)
+        out[n:].zero_()
         for group in plan.decode_groups:
             self._decode(query, kv_cache, group, out)
-        for row in plan.prefill_rows:
-            self._prefill(query, kv_cache, row, out)
+        for group in plan.prefill_groups:
+            self._prefill(query, kv_cache, group, out)
         return out
 
     def _decode(self, query, kv_cache, group: DecodeGroup, out) -> None:
@@ -209,19 +279,25 @@ class CPUAttentionBackendImpl(AttentionImpl):
         o = F.scaled_dot_product_attention(  # [b, kv_heads, group, D]
             q, k, v, attn_mask=group.valid, scale=self.scale
         )
-        out[group.tokens] = o.reshape(b, self.num_heads, self.head_size).to(out.dtype)
+        out.index_copy_(0, group.tokens, o.reshape(b, self.num_heads, self.head_size).to(out.dtype))
 
-    def _prefill(self, query, kv_cache, row: PrefillRow, out) -> None:
-        """One causal SDPA over the row's cached and new keys."""
-        q = query[row.start : row.end].float().transpose(0, 1)  # [H, q_len, D]
-        # [2, kv_heads, seq_len, D]
-        kv = kv_cache[row.blocks].permute(1, 3, 0, 2, 4).flatten(2, 3)[:, :, : row.seq_len]
-        o = F.scaled_dot_product_attention(  # [H, q_len, D]
-            q,
-            kv[0].float(),
-            kv[1].float(),
-            attn_mask=row.mask,
-            scale=self.scale,
-            enable_gqa=True,
+    def _prefill(self, query, kv_cache, group: PrefillGroup, out) -> None:
+        """A group of prefill rows at once: a padded gather and one causal SDPA over
+        each row's cached and new keys."""
+        b, heads, kv_heads, d = (
+            group.mask.shape[0],
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_size,
         )
-        out[row.start : row.end] = o.transpose(0, 1).to(out.dtype)
+        kv = gather_workspace((2, group.blocks.numel(), *kv_cache.shape[2:]), kv_cache)
+        torch.index_select(kv_cache[:, 0], 0, group.blocks, out=kv[0])
+        torch.index_select(kv_cache[:, 1], 0, group.blocks, out=kv[1])
+        # [b, kv_heads, L, D] views, L = num_blocks * block_size (padded length)
+        k, v = (x.view(b, -1, kv_heads, d).transpose(1, 2).float() for x in kv)
+        q = query[group.queries].float().view(b, -1, heads, d).transpose(1, 2)  # [b, H, q, D]
+        o = F.scaled_dot_product_attention(  # [b, H, q, D]
+            q, k, v, attn_mask=group.mask, scale=self.scale, enable_gqa=True
+        )
+        o = o.transpose(1, 2).reshape(-1, heads, d)[group.real]  # [n, H, D]: real slots only
+        out.index_copy_(0, group.tokens, o.to(out.dtype))
