@@ -17,9 +17,14 @@ this way, and float32 transformers sides with mini_vllm on two of them). So
 the bfloat16 test asks for the tokens to agree up to the first near tie:
 two tokens whose float32 log-probabilities are closer than bfloat16's own
 error at that position.
+
+Each test builds its own LLM (engine, KV cache, scheduler); the weights of a
+checkpoint are read once for the module (``one_load_per_checkpoint``).
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -28,6 +33,19 @@ from transformers import AutoModelForCausalLM
 
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_load_per_checkpoint():
+    """``LLM(path)`` gets the weights already loaded for that path and dtype
+    (SmolLM2: about 4 s of CPU a load, five tests). Safe because each test
+    drives only the LLM it built last: a new engine binds the model's
+    attention layers to its own KV cache, and no test changes a weight."""
+    from mini_vllm.model_executor import model_loader
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model_loader, "load_model", functools.cache(model_loader.load_model))
+        yield
 
 
 @pytest.fixture(scope="module")
