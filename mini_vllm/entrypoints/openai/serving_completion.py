@@ -142,26 +142,26 @@ class OpenAIServingCompletion(OpenAIServing):
         previous_text_lens = [0] * num_choices * num_prompts
         previous_num_tokens = [0] * num_choices * num_prompts
         num_prompt_tokens = [0] * num_prompts
-        # With return_token_ids, whether choice i has sent the prompt's ids yet.
-        sent_prompt_ids = [False] * num_choices * num_prompts
+        # With return_token_ids: the (prompt index, choice) pairs that sent the prompt's ids.
+        sent_prompt_ids: set[tuple[int, int]] = set()
         include_usage, include_continuous_usage = should_include_usage(request.stream_options)
         try:
             async for prompt_idx, res in result_generator:
                 if res.prompt_token_ids is not None:
                     num_prompt_tokens[prompt_idx] = len(res.prompt_token_ids)
                 for output in res.outputs:
-                    i = output.index + prompt_idx * num_choices  # the choice's index
                     # The prompt's ids go with a choice's first output, as upstream
                     # marks them sent before skipping an empty (chunked-prefill) one.
                     prompt_token_ids_to_return = None
-                    if request.return_token_ids and not sent_prompt_ids[i]:
+                    choice = (prompt_idx, output.index)
+                    if request.return_token_ids and choice not in sent_prompt_ids:
                         prompt_token_ids_to_return = res.prompt_token_ids
-                        sent_prompt_ids[i] = True
+                        sent_prompt_ids.add(choice)
                     # BEGIN LAB 16.1: one SSE event for one new piece of one choice
-                    # HINT: receives output (a delta: only what is new), its choice index i,
-                    # HINT: prompt_idx, request and the running lists; yields at most one event
-                    # HINT: and updates the lists. Nothing at all for an output with no text,
-                    # HINT: no tokens and none sent before (a chunked prefill).
+                    # HINT: receives output (a delta: only what is new), prompt_idx, request and
+                    # HINT: the running lists; yields at most one event and updates the lists.
+                    # HINT: choice index = prompt_idx * n + output.index. Nothing at all for an
+                    # HINT: output with no text, no tokens and none sent before (a chunked prefill).
                     # HINT: an event is "data: " + chunk.model_dump_json(exclude_unset=True) + a
                     # HINT: blank line; pass every choice field explicitly (exclude_unset keeps
                     # HINT: them). With request.return_token_ids: prompt_token_ids is
@@ -169,6 +169,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     # HINT: else both None.
                     # HINT: the system fingerprint rides on a choice's last chunk, only when no
                     # HINT: usage chunk will follow; continuous usage counts this choice's tokens.
+                    i = output.index + prompt_idx * num_choices
                     if not output.text and not output.token_ids and not previous_num_tokens[i]:
                         continue  # a chunked prefill step: nothing to send yet
                     logprobs = None
