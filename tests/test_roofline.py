@@ -122,6 +122,9 @@ def test_the_benchmark_runs_at_a_tiny_setting(tmp_path):
         "--out",
         str(tmp_path / "out"),
         "--compare-plain-gemm",
+        "--compile",
+        "--compile-backend",
+        "eager",
     ]
     report = roofline.main(argv)
     saved = json.loads((tmp_path / "out" / "roofline_cpu.json").read_text())
@@ -137,3 +140,9 @@ def test_the_benchmark_runs_at_a_tiny_setting(tmp_path):
     # Before and after the oneDNN dispatch, alternating, the same tokens (checked inside).
     assert len(report["plain_gemm_runs"]) == len(report["engine_runs"]) == 2
     assert report["machine"][1]["matmul_gflop_s_by_way"]["float32"].keys() >= {"mm"}
+    # The compiled engine (a Dynamo trace, eager backend here: no inductor in the fast
+    # tier): its own timed runs, after a compile run left out, with eager's tokens.
+    compiled = report["compiled"]
+    assert compiled["mode"] == "DYNAMO_TRACE_ONCE" and compiled["backend"] == "eager"
+    assert [run["identical_to_eager"] for run in compiled["runs"]] == ["6/6", "6/6"]
+    assert compiled["percent_of_roofline_cpu"] > 0 and compiled["compile_run_cpu_s"] > 0

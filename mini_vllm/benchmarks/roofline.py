@@ -2,6 +2,7 @@
 
 ``python -m mini_vllm.benchmarks.roofline [--requests N] [--repeats N]``
 ``[--hf-batches B ...] [--model PATH] [--out DIR] [--note TEXT]``
+``[--compare-plain-gemm] [--compile [--compile-backend inductor|eager]]``
 
 One run, in four parts:
 
@@ -17,7 +18,12 @@ One run, in four parts:
    its linear layers on ``F.linear``, alternating, the greedy tokens of every
    run checked equal); the engine's first run records, for every step the engine ran, its scheduled
    tokens and context lengths (``ExecutionContext.from_scheduler_output``,
-   mini_vllm/metrics/perf.py). Then one more run under ``step_breakdown``
+   mini_vllm/metrics/perf.py). With ``--compile``, a second engine on the
+   same weights compiled (``compilation_config`` mode VLLM_COMPILE, which a
+   CPU runs as one Dynamo trace with inductor; ``--compile-backend eager``
+   traces without inductor): its first run, which compiles, is timed apart
+   and left out; then ``--repeats`` timed runs, their greedy tokens compared
+   with eager's. Then one more eager run under ``step_breakdown``
    (linear / attention / sampling / input preparation / scheduling / other).
 3. transformers' static batches: continuous_batching.py's sweep
    (``hf_sweep``) over ``--hf-batches``; the best by tokens per CPU second is
@@ -228,23 +234,57 @@ def run_engine(llm, workload) -> dict:
     return dict(wall_s=wall, cpu_s=cpu, loadavg_1m=load, tokens=tokens)
 
 
-def load_models(model: str | None, n: int, dtype: torch.dtype):
-    """(mini_vllm's LLM, transformers' model) on the same weights; SmolLM2's GGUF by default."""
-    from transformers import AutoModelForCausalLM
-
+def make_llm(path: Path, n: int, dtype: torch.dtype, compilation_config=None):
+    """mini_vllm's LLM with continuous_batching.py's engine settings."""
     from mini_vllm.entrypoints.llm import LLM
-    from mini_vllm.model_executor.model_loader import smollm2_gguf_path
 
-    path = Path(model) if model else smollm2_gguf_path()
-    # continuous_batching.py's engine settings
-    llm = LLM(
+    return LLM(
         str(path),
         max_model_len=512,
         max_num_seqs=n,
         max_num_batched_tokens=2048,
         device="cpu",
         dtype=str(dtype).removeprefix("torch."),
+        compilation_config=compilation_config,
     )
+
+
+def compiled_runs(path: Path, n: int, dtype, workload, tokens, repeats: int, backend: str):
+    """The engine compiled: its first run (the trace and compile, on a tiny batch) timed
+    apart, then ``repeats`` timed runs of ``workload``; each run's greedy tokens are
+    compared with ``tokens`` (eager's), row by row."""
+    from mini_vllm.config import CompilationMode
+
+    mode = CompilationMode.VLLM_COMPILE
+    if backend == "eager":  # a Dynamo trace without inductor
+        mode = CompilationMode.DYNAMO_TRACE_ONCE
+    llm = make_llm(path, n, dtype, {"mode": mode, "backend": backend})
+    first = run_engine(llm, [(p, 2) for p, _ in workload[:2]])  # compiles
+    runs = []
+    for r in range(repeats):
+        runs.append(run_engine(llm, workload))
+        same = sum(a == b for a, b in zip(runs[-1].pop("tokens"), tokens, strict=True))
+        runs[-1]["identical_to_eager"] = f"{same}/{len(tokens)}"
+        print(f"  compiled run {r + 1}: {runs[-1]['wall_s']:.2f} s", file=sys.stderr)
+    return dict(
+        mode=llm.llm_engine.vllm_config.compilation_config.mode.name,
+        backend=backend,
+        compile_run_wall_s=first["wall_s"],
+        compile_run_cpu_s=first["cpu_s"],
+        runs=runs,
+        cpu_s=med(r["cpu_s"] for r in runs),
+        wall_s=med(r["wall_s"] for r in runs),
+    )
+
+
+def load_models(model: str | None, n: int, dtype: torch.dtype):
+    """(mini_vllm's LLM, transformers' model) on the same weights; SmolLM2's GGUF by default."""
+    from transformers import AutoModelForCausalLM
+
+    from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+
+    path = Path(model) if model else smollm2_gguf_path()
+    llm = make_llm(path, n, dtype)
     if path.suffix == ".gguf":
         hf = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=dtype
@@ -268,6 +308,12 @@ def main(argv=None) -> dict:
         action="store_true",
         help="also time the engine with its linears on F.linear (before the oneDNN dispatch)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time the engine compiled (torch.compile; its compile run left out)",
+    )
+    parser.add_argument("--compile-backend", choices=("inductor", "eager"), default="inductor")
     parser.add_argument("--note", help="a remark stored in the results file")
     args = parser.parse_args(argv)
     import transformers
@@ -308,6 +354,13 @@ def main(argv=None) -> dict:
     mini_tokens = runs["engine"][0]["tokens"]
     for run in (run for rs in runs.values() for run in rs):
         assert run.pop("tokens") == mini_tokens, "the engine's greedy tokens changed between runs"
+    if args.compile:
+        from mini_vllm.model_executor.model_loader import smollm2_gguf_path
+
+        path = Path(args.model) if args.model else smollm2_gguf_path()
+        compiled = compiled_runs(
+            path, args.requests, dtype, workload, mini_tokens, args.repeats, args.compile_backend
+        )
     llm.llm_engine.engine_core.scheduler.reset_prefix_cache()
     prompts = [{"prompt_token_ids": p} for p, _ in workload]
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for _, n in workload]
@@ -381,6 +434,9 @@ def main(argv=None) -> dict:
             plain_gemm_cpu_s=med(r["cpu_s"] for r in plain),
             plain_gemm_percent_of_roofline_cpu=100 * roofline_s / med(r["cpu_s"] for r in plain),
         )
+    if args.compile:
+        compiled["percent_of_roofline_cpu"] = 100 * roofline_s / compiled["cpu_s"]
+        result["compiled"] = compiled
     if args.note:
         result["note"] = args.note
     args.out.mkdir(parents=True, exist_ok=True)
@@ -428,6 +484,15 @@ def table(r: dict) -> str:
             f"Before the oneDNN dispatch (linears on F.linear, same run, alternating): "
             f"{r['plain_gemm_s']:.2f} s, {r['plain_gemm_cpu_s']:.2f} CPU s, "
             f"{r['plain_gemm_percent_of_roofline_cpu']:.0f}% of the roofline by CPU time."
+        )
+    if "compiled" in r:
+        c = r["compiled"]
+        lines.append(
+            f"Compiled ({c['mode']}, {c['backend']}; its compile run, "
+            f"{c['compile_run_wall_s']:.0f} s wall, left out): {c['wall_s']:.2f} s, "
+            f"{c['cpu_s']:.2f} CPU s, {c['percent_of_roofline_cpu']:.0f}% of the roofline by CPU "
+            "time; greedy tokens identical to eager's: "
+            f"{', '.join(run['identical_to_eager'] for run in c['runs'])}."
         )
     lines += [
         "",
