@@ -117,12 +117,10 @@ def test_cpu_is_the_default_backend_on_cpu(tiny):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
-def test_smollm2_cpu_backends_match_transformers(backend):
-    """Eight prompts decoding together (a batched decode of 8 rows) after chunked prefills."""
-    path = smollm2_gguf_path()
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+def test_smollm2_cpu_backends_match_transformers(backend, smollm2_hf):
+    """Eight prompts decoding together (a batched decode of 8 rows) after chunked prefills.
+    transformers' SmolLM2 (fp32) is the session's (tests/conftest.py), loaded once."""
+    path, hf = smollm2_hf
     llm = LLM(
         str(path),
         device="cpu",
