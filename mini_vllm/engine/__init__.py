@@ -8,7 +8,7 @@ serialization, logprob tensors, pooling fields, and the per-client dict
 
 ``EngineCoreOutput`` is a msgspec ``Struct`` with ``gc=False``, as upstream's:
 the scheduler builds one per request per step, and a Struct is built in C
-(about 0.4 us here, against 1.5-2 us for a dataclass with these eight fields).
+(0.08 us here, against 0.47 us for a dataclass with these eight fields).
 
 Events and timestamps feed the metrics (Phase 18): the scheduler records a
 request's QUEUED, SCHEDULED and PREEMPTED events on the request and hands
