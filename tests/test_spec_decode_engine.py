@@ -91,3 +91,38 @@ def test_speculation_with_chunked_prefill_and_a_small_budget_matches_transformer
     n = 30
     assert _generate(llm, prompts, n) == [hf_greedy(hf, p, n) for p in prompts]
     _assert_drafts_accepted_and_rejected(llm)
+
+
+def test_logprobs_with_speculation_are_one_entry_per_token_as_without(tiny_qwen3):
+    """Every generated token carries its own logprobs entry (its logprob
+    first, then the top 3), equal to the same greedy request's without
+    speculation, also for the tokens accepted from drafts and the bonus token
+    (upstream: RejectionSampler._get_logprobs_tensors). One request asks for
+    none: it gets none, and its tokens do not shift the others' entries."""
+    path, _ = tiny_qwen3
+    args = dict(max_model_len=128, kv_cache_memory_bytes=8 << 20)
+    plain, spec = LLM(path, **args), LLM(path, **args, speculative_config=NGRAM)
+    prompts = _repetitive_prompts(plain.llm_engine.hf_config.vocab_size)
+    params = [
+        SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=k)
+        for k in (3, None, 0, 3)
+    ]
+
+    def run(llm: LLM):
+        inputs = [{"prompt_token_ids": p} for p in prompts]
+        return [o.outputs[0] for o in llm.generate(inputs, params, use_tqdm=False)]
+
+    want, got = run(plain), run(spec)
+    _assert_drafts_accepted_and_rejected(spec)
+    for w, g, p in zip(want, got, params, strict=True):
+        assert g.token_ids == w.token_ids
+        if p.logprobs is None:
+            assert g.logprobs is None and w.logprobs is None
+            continue
+        assert len(g.logprobs) == len(g.token_ids) == len(w.logprobs)
+        for token, g_entry, w_entry in zip(g.token_ids, g.logprobs, w.logprobs, strict=True):
+            assert next(iter(g_entry)) == token  # the sampled token's own logprob first
+            assert list(g_entry) == list(w_entry)
+            for token_id, logprob in w_entry.items():
+                assert abs(g_entry[token_id] - logprob) < 1e-4, (token, token_id)
+        assert abs(g.cumulative_logprob - w.cumulative_logprob) < 1e-3

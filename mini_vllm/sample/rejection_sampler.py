@@ -2,7 +2,8 @@
 then one token of the target's own.
 
 Mirrors upstream ``vllm/v1/sample/rejection_sampler.py`` at v0.22.1:
-``RejectionSampler`` :37 (``forward`` :87, ``parse_output`` :247),
+``RejectionSampler`` :37 (``forward`` :87, ``_get_logprobs_tensors`` :197,
+``parse_output`` :247),
 ``rejection_sample`` :392, ``apply_sampling_constraints`` :506,
 ``generate_uniform_probs`` :604, ``sample_recovered_tokens`` :659 and the
 Triton kernels they launch (greedy :708, random :762, recovered :854), here
@@ -32,8 +33,14 @@ the same seeds the output equals upstream's token for token on a CPU
 race ``argmax(prob / E)``, ``E ~ Exp(1)`` (one ``E`` row per request, shared
 by its positions, as upstream), which needs no normalisation.
 
-What is left out (logprobs, penalties, bad words, min_tokens on draft rows,
-synthetic acceptance): UPSTREAM_PIN.md.
+Logprobs (``_get_logprobs_tensors``), when some request asked: every output
+position gets its own entry, the target row's (raw or processed, as
+``logprobs_mode`` says) for a verified or recovered token, the bonus
+sampler's own for the bonus token, so they equal a run without drafts.
+
+What is left out (penalties, bad words, min_tokens on draft rows, synthetic
+acceptance, the logprobs half of ``parse_output``: the runner keeps each
+request's first entries): UPSTREAM_PIN.md.
 """
 
 from __future__ import annotations
@@ -56,6 +63,9 @@ MAX_SPEC_LEN = 128
 class RejectionSampler:
     def __init__(self, sampler: Sampler):
         self.sampler = sampler
+        logprobs_mode = sampler.logprobs_mode
+        self.is_processed_logprobs_mode = logprobs_mode.startswith("processed")
+        self.is_logits_logprobs_mode = logprobs_mode.endswith("logits")
 
     def forward(
         self,
@@ -65,16 +75,19 @@ class RejectionSampler:
         sampling_metadata: SamplingMetadata,
     ) -> SamplerOutput:
         """Sample the bonus rows as usual, then verify the drafts against the
-        target rows; ``sampled_token_ids`` is the int32 output layout."""
+        target rows; ``sampled_token_ids`` is the int32 output layout, and
+        ``logprobs`` (when some request asked) one entry per output position."""
         if metadata.max_spec_len > MAX_SPEC_LEN:
             raise ValueError(
                 f"at most {MAX_SPEC_LEN} drafts per request, got {metadata.max_spec_len}"
             )
         bonus_logits = logits[metadata.bonus_logits_indices]  # [batch, vocab]
-        bonus_token_ids = self.sampler(bonus_logits, sampling_metadata).sampled_token_ids  # [batch]
-        target_logits = logits[metadata.target_logits_indices].float()  # [num_tokens, vocab]
+        bonus_sampler_output = self.sampler(bonus_logits, sampling_metadata)
+        bonus_token_ids = bonus_sampler_output.sampled_token_ids  # [batch]
+        raw_target_logits = logits[metadata.target_logits_indices].float()  # [num_tokens, vocab]
+        # A new tensor when it filters anything: raw_target_logits stays raw.
         target_logits = apply_sampling_constraints(
-            target_logits, metadata.num_draft_tokens, sampling_metadata
+            raw_target_logits, metadata.num_draft_tokens, sampling_metadata
         )
         output_token_ids = rejection_sample(
             metadata.draft_token_ids,
@@ -86,9 +99,52 @@ class RejectionSampler:
             bonus_token_ids,
             sampling_metadata,
         )
-        return SamplerOutput(sampled_token_ids=output_token_ids)
+        logprobs = None
+        if sampling_metadata.max_num_logprobs is not None:
+            logprobs = self._get_logprobs_tensors(
+                sampling_metadata.max_num_logprobs,
+                metadata,
+                target_logits if self.is_processed_logprobs_mode else raw_target_logits,
+                bonus_sampler_output.logprobs,
+                output_token_ids,
+            )
+        return SamplerOutput(sampled_token_ids=output_token_ids, logprobs=logprobs)
 
     __call__ = forward
+
+    def _get_logprobs_tensors(
+        self,
+        max_num_logprobs: int,
+        metadata: SpecDecodeMetadata,
+        target_logits: torch.Tensor,  # float32 [num_tokens, vocab], raw or processed by mode
+        bonus_logprobs: list[tuple[list[int], list[float], int]],  # [batch], the bonus sampler's
+        sampled_token_ids: torch.Tensor,  # int32 [batch, max_spec_len + 1]
+    ) -> list[list[tuple[list[int], list[float], int]]]:
+        """Per request, one (ids, logprobs, rank) entry per output position:
+        position i < n from the request's i-th target row (the distribution
+        the token at i was verified or drawn from), position n from its bonus
+        row. Rejected positions get an entry too (scored for token 0, as
+        upstream); the caller keeps as many entries as the request has tokens."""
+        target_logprobs = (
+            target_logits
+            if self.is_logits_logprobs_mode
+            else target_logits.log_softmax(dim=-1, dtype=torch.float32)
+        )  # [num_tokens, vocab]
+        tokens = sampled_token_ids.long()  # [batch, max_spec_len + 1]
+        tokens[tokens == PLACEHOLDER_TOKEN_ID] = 0
+        # Target row j belongs to request r at position j - (first row of r).
+        num_draft_tokens = metadata.num_draft_tokens
+        req_of_row = torch.repeat_interleave(torch.tensor(num_draft_tokens))  # [num_tokens]
+        starts = metadata.cu_num_draft_tokens.cpu() - torch.tensor(num_draft_tokens)  # [batch]
+        pos_of_row = torch.arange(req_of_row.shape[0]) - starts[req_of_row]  # [num_tokens]
+        target_entries = self.sampler.gather_logprobs(
+            target_logprobs, max_num_logprobs, tokens[req_of_row, pos_of_row]
+        )
+        entries = []
+        for req, n in enumerate(num_draft_tokens):
+            start = int(starts[req])
+            entries.append(target_entries[start : start + n] + [bonus_logprobs[req]])
+        return entries
 
     @staticmethod
     def parse_output(

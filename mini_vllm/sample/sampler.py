@@ -54,7 +54,8 @@ _SAMPLING_EPS = 1e-5
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # int64 [B]
     # Per row: (token ids, logprobs, rank of the sampled token), the sampled
-    # token first then the top-n; None unless some request asked.
+    # token first then the top-n; None unless some request asked. From the
+    # rejection sampler: per row a list of such entries, one per position.
     logprobs: list[tuple[list[int], list[float], int]] | None = None
 
 

@@ -722,9 +722,14 @@ class GPUModelRunner:
                 # The sampler gathers the batch's largest top-n; each request
                 # keeps its sampled token and its own top-n (upstream trims
                 # the same way, logprobs.py:189).
-                ids, vals, rank = sampler_output.logprobs[req_idx]
+                # One entry a token: the rejection sampler gives one per
+                # output position, the kept tokens first.
+                entries = sampler_output.logprobs[req_idx]
+                entries = [entries] if token_ids.dim() == 1 else entries[: len(sampled_ids)]
                 keep = num_logprobs + 1
-                logprobs_lists[req_idx] = [(ids[:keep], vals[:keep], rank)]
+                logprobs_lists[req_idx] = [
+                    (ids[:keep], vals[:keep], rank) for ids, vals, rank in entries
+                ]
         return valid_sampled_token_ids, logprobs_lists
 
     # --------------------------------------------------------------- execute
