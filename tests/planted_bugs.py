@@ -180,7 +180,7 @@ PLANTS = [
     Plant(
         "03",
         "mini_vllm/core/sched/utils.py",
-        "    if request.num_output_tokens < params.min_tokens:\n"
+        "    if num_output_tokens < params.min_tokens:\n"
         "        return False\n"
         "    last_token_id = request.output_token_ids[-1]\n"
         "    if last_token_id == params.eos_token_id:\n"
@@ -190,7 +190,7 @@ PLANTS = [
         "    if last_token_id == params.eos_token_id:\n"
         "        request.status = RequestStatus.FINISHED_STOPPED\n"
         "        return True\n"
-        "    if request.num_output_tokens < params.min_tokens:\n"
+        "    if num_output_tokens < params.min_tokens:\n"
         "        return False\n",
         "check_stop tests EOS before min_tokens",
     ),

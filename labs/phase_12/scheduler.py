@@ -472,6 +472,7 @@ class Scheduler(_reference.Scheduler):
         """Take in the sampled tokens: append them, check stops, free the finished."""
         sampled_token_ids = model_runner_output.sampled_token_ids
         logprobs = model_runner_output.logprobs
+        req_id_to_index = model_runner_output.req_id_to_index
         outputs: list[EngineCoreOutput] = []
         stopped_running_reqs: set[Request] = set()
         spec_decoding_stats: SpecDecodingStats | None = None
@@ -488,13 +489,15 @@ class Scheduler(_reference.Scheduler):
                 kv_connector_output.invalid_block_ids, scheduler_output.num_scheduled_tokens
             )
 
+        # Runs once per scheduled request every step: keep its body lean
+        # (upstream's note, vllm/v1/core/sched/scheduler.py:1342).
         for req_id in scheduler_output.num_scheduled_tokens:
-            if req_id in failed_kv_load_req_ids:
+            if failed_kv_load_req_ids and req_id in failed_kv_load_req_ids:
                 continue  # its step computed on bad KV: nothing it sampled counts
             request = self.requests.get(req_id)
             if request is None or request.is_finished():
                 continue  # aborted while the model was running
-            req_index = model_runner_output.req_id_to_index[req_id]
+            req_index = req_id_to_index[req_id]
             new_token_ids = sampled_token_ids[req_index] if sampled_token_ids else []
 
             # Rejected drafts were counted as computed by _update_after_schedule:
