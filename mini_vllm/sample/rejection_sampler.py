@@ -123,8 +123,9 @@ class RejectionSampler:
         """Per request, one (ids, logprobs, rank) entry per output position:
         position i < n from the request's i-th target row (the distribution
         the token at i was verified or drawn from), position n from its bonus
-        row. Rejected positions get an entry too (scored for token 0, as
-        upstream); the caller keeps as many entries as the request has tokens."""
+        row. Positions after a rejection get an entry too (a draft position
+        scored for token 0, as upstream; the bonus position the bonus token's);
+        the caller keeps as many entries as the request has tokens."""
         target_logprobs = (
             target_logits
             if self.is_logits_logprobs_mode

@@ -143,3 +143,69 @@ def test_apply_sampling_constraints_lockstep_with_upstream(case):
     mini_meta.top_k, mini_meta.top_p = k, p
     got = apply_sampling_constraints(logits.clone(), meta.num_draft_tokens, mini_meta)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "logprobs_mode", ["raw_logprobs", "raw_logits", "processed_logits", "processed_logprobs"]
+)
+def test_logprobs_of_every_output_position_lockstep_with_upstream(logprobs_mode):
+    """A greedy batch through mini's RejectionSampler with logprobs asked,
+    against upstream's ``_get_logprobs_tensors`` on the same logits and the
+    same output tokens: every draft position of every request (accepted, or
+    rejected and scored for token 0) and every kept bonus position equals
+    upstream's (token ids, values, rank)."""
+    import dataclasses
+
+    from vllm.v1.sample.rejection_sampler import RejectionSampler as UpstreamRejectionSampler
+    from vllm.v1.sample.sampler import Sampler as UpstreamSampler
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata as UpstreamMetadata
+
+    from mini_vllm.sample.sampler import Sampler
+
+    vocab, lengths, num_logprobs = 12, [3, 0, 2, 1], 3
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(sum(lengths) + len(lengths), vocab, generator=g)  # [rows, vocab]
+    # Each request's rows: one per draft, then its bonus row (make_dummy leaves them 0).
+    starts = [sum(lengths[:r]) + r for r in range(len(lengths))]
+    rows = {
+        "target_logits_indices": torch.tensor(
+            [s + i for s, n in zip(starts, lengths, strict=True) for i in range(n)],
+            dtype=torch.int32,
+        ),
+        "bonus_logits_indices": torch.tensor(
+            [s + n for s, n in zip(starts, lengths, strict=True)], dtype=torch.int32
+        ),
+    }
+    argmax = logits[rows["target_logits_indices"]].argmax(dim=-1).tolist()  # [num_tokens]
+    # Request 0 all accepted (its bonus kept), 2 rejected at its second draft, 3 at its first.
+    agree = [True, True, True, True, False, False]
+    flat = [a if ok else (a + 1) % vocab for a, ok in zip(argmax, agree, strict=True)]
+    drafts = [flat[0:3], [], flat[3:5], flat[5:6]]
+    meta = dataclasses.replace(SpecDecodeMetadata.make_dummy(drafts), **rows)
+    sampling = dataclasses.replace(
+        mini_sampling_metadata([0.0] * len(lengths), [None] * len(lengths)),
+        max_num_logprobs=num_logprobs,
+    )
+    out = RejectionSampler(Sampler(logprobs_mode))(meta, None, logits.clone(), sampling)
+    tokens = out.sampled_token_ids  # [batch, max_spec_len + 1]
+    assert (tokens >= 0).sum(dim=1).tolist() == [4, 1, 2, 1]
+
+    up_meta = dataclasses.replace(UpstreamMetadata.make_dummy(drafts, torch.device("cpu")), **rows)
+    expected = UpstreamRejectionSampler(UpstreamSampler(logprobs_mode))._get_logprobs_tensors(
+        num_logprobs,
+        up_meta,
+        logits,
+        logits[up_meta.target_logits_indices].float(),
+        logits[up_meta.bonus_logits_indices].float(),  # all greedy: processed is raw
+        tokens,
+    )
+    width = tokens.shape[1]
+    for req, n in enumerate(lengths):
+        assert len(out.logprobs[req]) == n + 1
+        for pos, (ids, vals, rank) in enumerate(out.logprobs[req]):
+            if pos == n and tokens[req, n] < 0:
+                continue  # no bonus token: mini's entry is the bonus row's, upstream's token 0's
+            i = req * width + pos
+            assert ids == expected.logprob_token_ids[i].tolist(), (req, pos)
+            assert vals == pytest.approx(expected.logprobs[i].tolist(), abs=1e-5), (req, pos)
+            assert rank == int(expected.selected_token_ranks[i]), (req, pos)
