@@ -7,8 +7,8 @@ with n-gram speculative decoding on (``--speculative-config``; with
 inside the reference's modules: see assemble.py). ``transcript`` sends the
 requests and writes down what came back: greedy completions and chats, whole
 and streamed, each with ``return_token_ids`` (the prompt's and the output's
-token ids, the text, finish reason, token counts; no logprobs: mini_vllm's
-verification of drafts leaves them out, see UPSTREAM_PIN.md); four prompts
+token ids, the text, finish reason, token counts, and the tokens their
+logprobs name: one a token, drafts accepted or not); four prompts
 sent one at a time, then all four as concurrent streams; a chat constrained
 to a choice (structured outputs); the speculative-decoding counters of
 ``/metrics`` (drafts, draft tokens, accepted tokens: greedy output is the
@@ -138,20 +138,23 @@ def transcript(url: str) -> dict[str, object]:
     greedy = dict(model=model, max_tokens=MAX_TOKENS, temperature=0, extra_body=IDS)
     out: dict[str, object] = {}
 
-    def stream(prompt: str) -> tuple:
-        """A streamed completion: (text, prompt ids, output ids, finish reason)."""
+    def stream(prompt: str, **logprobs) -> tuple:
+        """A streamed completion: (text, prompt ids, output ids, finish reason),
+        then the tokens its logprobs name when ``logprobs`` asks for them."""
         chunks = [
-            c.choices[0] for c in client.completions.create(prompt=prompt, stream=True, **greedy)
+            c.choices[0]
+            for c in client.completions.create(prompt=prompt, stream=True, **greedy, **logprobs)
         ]
+        named = [t for c in chunks if c.logprobs for t in c.logprobs.tokens]
         return (
             "".join(c.text for c in chunks),
             chunks[0].prompt_token_ids,
             [t for c in chunks for t in c.token_ids or []],
             chunks[-1].finish_reason,
-        )
+        ) + ((named,) if logprobs else ())
 
     for i, prompt in enumerate(PROMPTS):
-        r = client.completions.create(prompt=prompt, **greedy)
+        r = client.completions.create(prompt=prompt, logprobs=0, **greedy)
         c = r.choices[0]
         out[f"completion {i}"] = (
             c.text,
@@ -159,19 +162,26 @@ def transcript(url: str) -> dict[str, object]:
             c.token_ids,
             c.finish_reason,
             r.usage.completion_tokens,
+            c.logprobs.tokens if c.logprobs else None,
         )
-        out[f"completion {i}, streamed"] = stream(prompt)
+        out[f"completion {i}, streamed"] = stream(prompt, logprobs=0)
 
-    r = client.chat.completions.create(messages=CHAT, **greedy)
+    r = client.chat.completions.create(messages=CHAT, logprobs=True, top_logprobs=0, **greedy)
     c = r.choices[0]
-    out["chat"] = (c.message.content, r.prompt_token_ids, c.token_ids, c.finish_reason)
-    chunks = list(client.chat.completions.create(messages=CHAT, stream=True, **greedy))
+    named = [e.token for e in c.logprobs.content] if c.logprobs else None
+    out["chat"] = (c.message.content, r.prompt_token_ids, c.token_ids, c.finish_reason, named)
+    chunks = list(
+        client.chat.completions.create(
+            messages=CHAT, stream=True, logprobs=True, top_logprobs=0, **greedy
+        )
+    )
     choices = [ch.choices[0] for ch in chunks if ch.choices]
     out["chat, streamed"] = (
         "".join(c.delta.content or "" for c in choices),
         chunks[0].prompt_token_ids,
         [t for c in choices[1:] for t in c.token_ids or []],
         choices[-1].finish_reason,
+        [e.token for c in choices if c.logprobs and c.logprobs.content for e in c.logprobs.content],
     )
 
     out["four prompts, one at a time"] = [stream(p) for p in CONCURRENT]
