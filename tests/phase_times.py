@@ -2,7 +2,8 @@
 
 The per-phase work in CI is the honesty checks (tests/test_labs_honest.py:
 the reference, the untouched starters and the solved copy, each a
-``check NN`` or a part of one), the runnable examples of the phase's docs
+``check NN`` or a part of one; Lab 19.3's served runs in
+tests/test_capstone.py), the runnable examples of the phase's docs
 (tests/upstream/test_phase_docs.py) and the phase's notebook. This plugin
 adds up each of those tests' setup, call and teardown by phase and prints a
 table with the budget beside the total, so a new phase is tuned with its
@@ -30,6 +31,9 @@ from mini_vllm.tiers import tier
 HONESTY = re.compile(r"test_labs_honest\.py::test_(\w+?)_\w*\[(\d\d)(?:\.\d+)?\]$")
 DOC_EXAMPLE = re.compile(r"test_phase_docs\.py::test_examples_\w+\[phases/(\d\d)-")
 NOTEBOOK = re.compile(r"notebooks/phase-(\d\d)-[\w-]+\.ipynb")
+# Lab 19.3's served runs are proven in their own file (PROVEN_ELSEWHERE in
+# tests/test_labs_honest.py); the reference server starts in the first one's setup.
+CAPSTONE = re.compile(r"test_capstone\.py::test_(solved|untouched)_\w+$")
 # Column of each honesty check, by its test's first word.
 CHECKS = {"reference": "reference", "untouched": "starters", "solved": "solved"}
 COLUMNS = ["reference", "starters", "solved", "docs", "notebook"]
@@ -42,6 +46,8 @@ def phase_and_column(nodeid: str) -> tuple[str, str] | None:
     if m := HONESTY.search(nodeid):
         column = CHECKS.get(m[1])
         return (m[2], column) if column else None
+    if m := CAPSTONE.search(nodeid):
+        return "19", CHECKS[m[1]]
     if m := DOC_EXAMPLE.search(nodeid):
         return m[1], "docs"
     if m := NOTEBOOK.search(nodeid):

@@ -31,5 +31,17 @@ def test_every_honesty_check_and_notebook_has_a_column():
     for notebook in sorted((HERE.parent / "notebooks").glob("phase-*.ipynb")):
         nodeid = f"notebooks/{notebook.name}::{notebook.name}"
         assert phase_and_column(nodeid) == (notebook.name[6:8], "notebook"), nodeid
+    # Lab 19.3's served runs, by the names tests/test_capstone.py gives them.
+    capstone = (HERE / "test_capstone.py").read_text()
+    for name, column in [
+        ("test_solved_copy_answers_as_the_reference", "solved"),
+        ("test_untouched_starters_fail_the_run", "starters"),
+    ]:
+        assert f"def {name}(" in capstone, name
+        assert phase_and_column(f"tests/test_capstone.py::{name}") == ("19", column)
+    assert (
+        phase_and_column("tests/test_capstone.py::test_phases_are_read_from_the_environment")
+        is None
+    )
     assert phase_and_column("tests/test_labs_honest.py::test_every_phase_x") is None
     assert phase_and_column("tests/test_grading.py::test_markers_must_pair_up") is None
