@@ -29,6 +29,7 @@ from mini_vllm.config import (
 )
 from mini_vllm.entrypoints.llm import LLM
 from mini_vllm.forward_context import set_forward_context
+from mini_vllm.model_executor.layers.linear import LinearBase
 from mini_vllm.sampling_params import SamplingParams
 
 # Prompts of varied lengths: with a 24-token budget and 4 sequences, the steps
@@ -167,6 +168,32 @@ def test_compiled_engine_equals_eager_and_transformers_without_recompiles(tiny_q
     sizes = {n for n, _ in batches}
     assert len(sizes) >= 3, sizes
     assert any(1 in lens and max(lens) > 1 for _, lens in batches), "no prefill+decode step"
+
+
+def test_the_compiled_graph_calls_the_packed_onednn_matmul(tiny_qwen3, monkeypatch):
+    """Every linear in the traced model is one opaque call of ``mini_vllm::onednn_mm``
+    over the weight packed at load (upstream's ``onednn_mm`` op), none a plain
+    matmul, so inductor keeps the packed GEMM and fuses only what is around it."""
+    path, _ = tiny_qwen3
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": recording_backend})
+    )
+    torch._dynamo.reset()
+    llm = _llm(path, compilation_config={"mode": 3, "backend": "eager"})
+    _generate(llm)
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    model = llm.llm_engine.engine_core.model_runner.model
+    linears = [m for m in model.model.modules() if isinstance(m, LinearBase)]
+    assert targets.count("mini_vllm.onednn_mm.default") == len(linears) > 0, targets
+    assert not [t for t in targets if "linear" in t or t.endswith(("mm", "matmul"))], targets
 
 
 def test_enforce_eager_really_runs_eagerly(tiny_qwen3):

@@ -15,12 +15,22 @@ sizes (see mini_vllm/benchmarks/README.md, the roofline).
 mini_vllm does the same with torch's own oneDNN ops
 (``torch.ops.mkldnn._reorder_linear_weight`` and ``_linear_pointwise``, what
 inductor's weight freezing uses on a CPU), since ``vllm._C`` is not built
-here. Left out: the zentorch and SGL kernel paths, the causal-conv weight
-pack. Differs from upstream: the layer keeps its ``weight`` (upstream's
-linear layers drop it, ``remove_weight=True``): LoRA, tensor-parallel
-loading and the tests read it. A weight replaced, changed in place or cast
-after packing (or an input of another dtype) runs ``F.linear`` until the layer
-is dispatched again.
+here. The matmul is one registered custom op, ``mini_vllm::onednn_mm``, as
+upstream's is one op of ``vllm._C`` (``torch.ops._C.onednn_mm``, called by
+``onednn_mm`` in vllm/_custom_ops.py:3438): under ``torch.compile`` Dynamo
+does not trace into it, so the compiled graph calls the packed matmul and
+inductor fuses only the elementwise work around it. The op's fake
+implementation gives the trace its output's shape and dtype.
+
+Left out: the zentorch and SGL kernel paths, the causal-conv weight pack.
+Differs from upstream: upstream's op reaches the packed weight through a
+handle (an int64 tensor holding a C++ pointer); here the packed tensor
+itself is the op's argument, which Dynamo passes through as it is. The
+layer keeps its ``weight`` (upstream's linear layers drop it,
+``remove_weight=True``): LoRA, tensor-parallel loading and the tests read
+it, and the op takes it too: a weight replaced, changed in place or cast
+after packing (or an input of another dtype) runs ``F.linear`` inside the op,
+compiled or not, until the layer is dispatched again.
 """
 
 from __future__ import annotations
@@ -51,24 +61,30 @@ def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module) -> None:
     except RuntimeError:  # this torch build cannot: the plain matmul stays
         return
 
-    packed_from = (weight.data_ptr(), weight._version, weight.dtype)
+    packed.packed_from = (weight.data_ptr(), weight._version, weight.dtype)
+    layer.cpu_linear = lambda x, weight_now, bias: onednn_mm(x, weight_now, bias, packed)
 
-    def onednn_linear(x, weight_now, bias):
-        # A weight replaced, changed in place or cast since it was packed, or an
-        # input of another dtype: the packed copy is stale, so the plain matmul runs.
-        # A torch.compile trace takes the plain matmul too: inductor cannot trace
-        # the packed weight, and picks its own GEMM (Phase 18).
-        if (
-            torch.compiler.is_compiling()
-            or (weight_now.data_ptr(), weight_now._version, x.dtype) != packed_from
-        ):
-            return F.linear(x, weight_now, bias)
-        out = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, x.shape[-1]), packed, bias, "none", [], ""
-        )  # [tokens, out_features]
-        return out.reshape(*x.shape[:-1], out.shape[-1])
 
-    layer.cpu_linear = onednn_linear
+@torch.library.custom_op("mini_vllm::onednn_mm", mutates_args=())
+def onednn_mm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed by oneDNN over ``packed``, the copy of
+    ``weight`` that ``dispatch_cpu_unquantized_gemm`` reordered."""
+    # A weight replaced, changed in place or cast since it was packed, or an
+    # input of another dtype: the packed copy is stale, so the plain matmul runs.
+    if (weight.data_ptr(), weight._version, x.dtype) != packed.packed_from:
+        return F.linear(x, weight, bias)
+    out = torch.ops.mkldnn._linear_pointwise(
+        x.reshape(-1, x.shape[-1]), packed, bias, "none", [], ""
+    )  # [tokens, out_features]
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+@onednn_mm.register_fake
+def onednn_mm_fake(x, weight, bias, packed) -> torch.Tensor:
+    """What the trace sees: a new tensor of ``x``'s rows by the weight's out_features."""
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def cpu_unquantized_gemm(layer, x, weight, bias=None) -> torch.Tensor:
