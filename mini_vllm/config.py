@@ -330,11 +330,12 @@ class CompilationConfig:
     Compilation: upstream's default mode on a CPU is VLLM_COMPILE, which its
     CPU platform makes DYNAMO_TRACE_ONCE with the inductor backend.
     mini_vllm's default is NONE (eager): the readable path, and compile does
-    not pay at mini_vllm's scale. On SmolLM2 (fp32, 1 thread, 16 prompts, 32
-    tokens each) a generate took 51 s eager and 55-68 s compiled (its GEMMs
-    bound the step, and lose the eager path's packed oneDNN weights), after a
-    cold compile of about 5 minutes, 1.5 from a warm ``cache_dir`` (the
-    conditions are in UPSTREAM_PIN.md, Phase 18). Ask for it with
+    not pay at mini_vllm's scale. The compiled graph keeps the eager path's
+    packed oneDNN matmul (one opaque op), so only the elementwise work
+    changes: on SmolLM2 (fp32, 1 thread, the roofline benchmark's 128
+    requests) compiled took 1.01x eager's CPU time, level, after a compile
+    run of about two minutes (the conditions are in
+    mini_vllm/benchmarks/README.md and UPSTREAM_PIN.md, Phase 18). Ask for it with
     ``LLM(..., compilation_config={"mode": 3})`` (or 2). ``cache_dir``, when
     set, is where inductor keeps its compiled kernels (upstream points
     TORCHINDUCTOR_CACHE_DIR at its cache, compilation/decorators.py:558), so a second
