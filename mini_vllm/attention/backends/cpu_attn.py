@@ -16,14 +16,15 @@ definition) computes, to float32 rounding, in fewer and larger operations:
 
 - decode rows (one new token each): sorted by length and cut into groups of
   ``DECODE_GROUP_ROWS``; per layer, each group is one gather of its rows'
-  blocks through the block table (padded to the group's longest row, into a
-  reused buffer) and one SDPA call; key positions past a row's length are
-  masked. Upstream's C++ decode kernel walks each row's own blocks and pads
-  nothing; a batched gather must pad, and grouping by length bounds the
-  padding (both the gather and SDPA grow with the padded length). GQA without
-  copies: the query ``[b, num_heads, D]`` is viewed as ``[b, num_kv_heads,
-  group, D]``, the group's heads taking the place of query positions, so
-  every head meets its own KV head.
+  keys and values, token by token through the block table (padded to the
+  group's longest row, into a reused buffer), and one SDPA call; key
+  positions past a row's length are masked. Upstream's C++ decode kernel
+  walks each row's own blocks in place and pads nothing; a batched gather
+  must copy and pad, and grouping by length bounds the padding (both the
+  gather and SDPA grow with the padded length). GQA without copies: the
+  query ``[b, num_heads, D]`` is viewed as ``[b, num_kv_heads, group, D]``,
+  the group's heads taking the place of query positions, so every head meets
+  its own KV head.
 - prefill rows (several new tokens each): sorted by length and cut into
   groups of at most ``PREFILL_GROUP_CELLS`` padded query x key cells; per
   layer, each group is one gather and one SDPA call, queries padded to the
@@ -33,13 +34,17 @@ definition) computes, to float32 rounding, in fewer and larger operations:
   Upstream calls SDPA once per prefill row (``_run_sdpa_forward``
   :400, its loop at :436); a call has a fixed cost that short prompts
   do not amortise, so mini_vllm pads a few together.
-- the store: each token's key and value copied into the cache by rows
-  (``store_kv``, ``index_copy_`` at row indices the plan computes once per
-  step), as upstream's backend has its own store op (its ``forward`` :292
-  calls ops.cpu_attn_reshape_and_cache).
+- the store and the gathers address the cache the same way: as rows of
+  ``[num_kv_heads, head_size]``, one row a token, where the key at offset o
+  of block n is row ``n * 2 * block_size + o`` and its value ``block_size``
+  rows further on (``cache_rows``). The store is two row copies
+  (``index_copy_``, ``store_kv``), as upstream's backend has its own store op
+  (its ``forward`` :292 calls ops.cpu_attn_reshape_and_cache); a gather is
+  two row selections (``index_select``, ``gather_kv``) from a contiguous
+  source.
 
 What depends only on the step's metadata (the decode/prefill split, the
-groups, their block ids and masks, the store's rows) is built
+groups, their cache rows and masks, the store's rows) is built
 once per step by the first layer (``plan_for``) and reused by the others, as
 upstream's metadata builder runs once per step for every layer.
 
@@ -62,7 +67,6 @@ import torch
 import torch.nn.functional as F
 
 from mini_vllm.attention.backend import AttentionImpl, AttentionMetadata
-from mini_vllm.kv_cache_interface import cdiv
 
 _workspace = threading.local()
 
@@ -95,9 +99,10 @@ class DecodeGroup:
     """Decode rows of similar length, gathered and attended together."""
 
     tokens: torch.Tensor  # int64 [b]: each row's only query token
-    blocks: torch.Tensor  # int64 [b * num_blocks]: the rows' block ids, row after row
-    # bool [b, 1, 1, num_blocks * block_size]: key positions < seq_len (and in the window)
-    valid: torch.Tensor
+    key_rows: torch.Tensor  # int64 [b * L]: each row's keys 0..L-1 (cache_rows), row after row
+    # float [b, 1, 1, L]: 0 at key positions < seq_len (and in the window), -inf past them;
+    # SDPA adds it to the scores (a bool mask it would convert on every layer)
+    mask: torch.Tensor
 
 
 # Prefill rows per padded group: rows are sorted by length and a group takes them
@@ -111,8 +116,8 @@ class PrefillGroup:
     """Rows with several new tokens each, padded to the group's longest query and keys."""
 
     queries: torch.Tensor  # int64 [b * q]: each padded query slot's token (a row's last repeats)
-    blocks: torch.Tensor  # int64 [b * num_blocks]: the rows' block ids, row after row
-    # bool [b, 1, q, num_blocks * block_size]: causal (and window) mask per query slot
+    key_rows: torch.Tensor  # int64 [b * L]: each row's keys 0..L-1 (cache_rows), row after row
+    # float [b, 1, q, L]: 0 where a query slot sees the key (causal, window), -inf elsewhere
     mask: torch.Tensor
     real: torch.Tensor  # int64 [n]: the padded slots that are real tokens, in order
     tokens: torch.Tensor  # int64 [n]: those tokens (where their outputs go)
@@ -127,8 +132,7 @@ class CPUAttentionPlan:
 
     decode_groups: list[DecodeGroup]
     prefill_groups: list[PrefillGroup]
-    # int64 [n]: where token t's key goes in the cache seen as rows of
-    # [num_kv_heads, head_size] (its value goes block_size rows further on)
+    # int64 [n]: the cache row of token t's key (its value: block_size rows further on)
     key_rows: torch.Tensor
 
 
@@ -147,17 +151,16 @@ def build_plan(
     groups = []
     for rows in decode_rows.split(DECODE_GROUP_ROWS) if decode_rows.numel() else ():
         lens = seq_lens[rows]  # [b]
-        num_blocks = cdiv(int(lens.max()), block_size)
-        table = attn_metadata.block_table[rows, :num_blocks]  # [b, num_blocks]
-        positions = torch.arange(num_blocks * block_size, device=lens.device)
+        positions = torch.arange(int(lens.max()), device=lens.device)  # [L]
         valid = positions < lens[:, None]  # [b, L]; the query sits at lens - 1
         if w is not None:
             valid &= positions > lens[:, None] - 1 - w
+        table = attn_metadata.block_table[rows]  # [b, max_blocks]
         groups.append(
             DecodeGroup(
                 tokens=starts[rows].long(),
-                blocks=table.flatten().long(),
-                valid=valid[:, None, None, :],
+                key_rows=cache_rows(table, positions, block_size).flatten(),
+                mask=additive_mask(valid[:, None, None, :]),
             )
         )
     # Prefill rows, shortest first, in groups of at most PREFILL_GROUP_CELLS padded cells.
@@ -174,11 +177,24 @@ def build_plan(
         rows = bigger
     if rows:
         prefill.append(prefill_group(attn_metadata, rows, block_size, w))
-    # Slot s is offset s % block_size of block s // block_size; in the cache's
-    # [num_blocks, 2, block_size] rows, that block's keys start at block * 2 * block_size.
+    # Slot s is offset s % block_size of block s // block_size.
     slots = attn_metadata.slot_mapping[: attn_metadata.num_actual_tokens]
     key_rows = slots // block_size * (2 * block_size) + slots % block_size
     return CPUAttentionPlan(groups, prefill, key_rows)
+
+
+def cache_rows(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """int64 [b, L]: the cache rows of the keys at ``positions`` [L] of each row of the
+    block ``table`` [b, max_blocks], the cache seen as rows of [num_kv_heads, head_size]
+    (``kv_cache.view(-1, num_kv_heads, head_size)``): block n's keys are rows
+    n * 2 * block_size onwards, its values the block_size rows after them."""
+    blocks = table[:, positions // block_size].long()  # [b, L]
+    return blocks * (2 * block_size) + positions % block_size
+
+
+def additive_mask(visible: torch.Tensor) -> torch.Tensor:
+    """float32 0 where ``visible``, -inf elsewhere: what SDPA makes of a bool mask."""
+    return torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
 
 
 def prefill_group(
@@ -192,18 +208,18 @@ def prefill_group(
     starts = attn_metadata.query_start_loc[rows_t].long()  # [b]
     q_lens = attn_metadata.query_start_loc[rows_t + 1].long() - starts  # [b]
     seq_lens = attn_metadata.seq_lens[rows_t].long()  # [b]
-    num_blocks = cdiv(int(seq_lens.max()), block_size)
     slot = torch.arange(int(q_lens.max()))  # [q]
     j = torch.minimum(slot[None, :], q_lens[:, None] - 1)  # [b, q]: the token within its row
     q_pos = (seq_lens - q_lens)[:, None] + j  # [b, q]
-    key_pos = torch.arange(num_blocks * block_size)  # [L]
+    key_pos = torch.arange(int(seq_lens.max()))  # [L]
     mask = key_pos <= q_pos[:, :, None]  # [b, q, L]
     if w is not None:
         mask &= key_pos > q_pos[:, :, None] - w
     real = (slot[None, :] < q_lens[:, None]).flatten().nonzero().flatten()  # [n]
     queries = (starts[:, None] + j).flatten()  # [b * q]
-    table = attn_metadata.block_table[rows_t, :num_blocks]  # [b, num_blocks]
-    return PrefillGroup(queries, table.flatten().long(), mask[:, None], real, queries[real])
+    key_rows = cache_rows(attn_metadata.block_table[rows_t], key_pos, block_size)  # [b, L]
+    mask = additive_mask(mask[:, None])  # [b, 1, q, L]
+    return PrefillGroup(queries, key_rows.flatten(), mask, real, queries[real])
 
 
 def store_kv(key, value, kv_cache: torch.Tensor, key_rows: torch.Tensor, block_size: int):
@@ -219,6 +235,17 @@ def store_kv(key, value, kv_cache: torch.Tensor, key_rows: torch.Tensor, block_s
         rows, key, value = rows.view(torch.uint8), key.view(torch.uint8), value.view(torch.uint8)
     rows.index_copy_(0, key_rows, key)
     rows.index_copy_(0, key_rows + block_size, value)
+
+
+def gather_kv(kv_cache: torch.Tensor, key_rows: torch.Tensor) -> torch.Tensor:
+    """The keys and values at ``key_rows`` (``cache_rows``), copied into the reused
+    workspace: [2, n, kv_heads, D]. Selecting rows of the whole cache reads a
+    contiguous source, which ``index_select`` copies row by row."""
+    rows = kv_cache.view(-1, *kv_cache.shape[3:])  # [num_blocks * 2 * block_size, kv_heads, D]
+    kv = gather_workspace((2, key_rows.numel(), *rows.shape[1:]), kv_cache)
+    torch.index_select(rows, 0, key_rows, out=kv[0])
+    torch.index_select(rows, 0, key_rows + kv_cache.shape[2], out=kv[1])
+    return kv
 
 
 def plan_for(
@@ -266,18 +293,15 @@ class CPUAttentionBackendImpl(AttentionImpl):
     def _decode(self, query, kv_cache, group: DecodeGroup, out) -> None:
         """A group of one-token rows at once: a padded gather and one batched SDPA."""
         b, kv_heads = group.tokens.numel(), self.num_kv_heads
-        # The group's blocks, keys then values: [2, b * num_blocks, block_size, kv_heads, D].
-        kv = gather_workspace((2, group.blocks.numel(), *kv_cache.shape[2:]), kv_cache)
-        torch.index_select(kv_cache[:, 0], 0, group.blocks, out=kv[0])
-        torch.index_select(kv_cache[:, 1], 0, group.blocks, out=kv[1])
-        # [b, kv_heads, L, D] views, L = num_blocks * block_size (padded length)
+        kv = gather_kv(kv_cache, group.key_rows)  # [2, b * L, kv_heads, D]
+        # [b, kv_heads, L, D] views, L = the group's longest row (padded length)
         k, v = (x.view(b, -1, kv_heads, self.head_size).transpose(1, 2).float() for x in kv)
         # A row's query heads h = kv * group + g all read KV head kv: [b, kv_heads, group, D].
         q = query[group.tokens].float().view(b, kv_heads, -1, self.head_size)
         # Key positions past the row's length (other requests' stale slots or the null
-        # block) are masked out by group.valid.
+        # block) are masked out by group.mask.
         o = F.scaled_dot_product_attention(  # [b, kv_heads, group, D]
-            q, k, v, attn_mask=group.valid, scale=self.scale
+            q, k, v, attn_mask=group.mask, scale=self.scale
         )
         out.index_copy_(0, group.tokens, o.reshape(b, self.num_heads, self.head_size).to(out.dtype))
 
@@ -290,10 +314,8 @@ class CPUAttentionBackendImpl(AttentionImpl):
             self.num_kv_heads,
             self.head_size,
         )
-        kv = gather_workspace((2, group.blocks.numel(), *kv_cache.shape[2:]), kv_cache)
-        torch.index_select(kv_cache[:, 0], 0, group.blocks, out=kv[0])
-        torch.index_select(kv_cache[:, 1], 0, group.blocks, out=kv[1])
-        # [b, kv_heads, L, D] views, L = num_blocks * block_size (padded length)
+        kv = gather_kv(kv_cache, group.key_rows)  # [2, b * L, kv_heads, D]
+        # [b, kv_heads, L, D] views, L = the group's longest row (padded length)
         k, v = (x.view(b, -1, kv_heads, d).transpose(1, 2).float() for x in kv)
         q = query[group.queries].float().view(b, -1, heads, d).transpose(1, 2)  # [b, H, q, D]
         o = F.scaled_dot_product_attention(  # [b, H, q, D]
