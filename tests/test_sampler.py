@@ -128,6 +128,22 @@ def test_greedy_is_argmax():
     assert out.logprobs is None
 
 
+@pytest.mark.parametrize("vocab", [64, 1000, 3072, 32000, 49152, 151936])
+@pytest.mark.parametrize("special", [None, "nan", "-inf", "inf"])
+def test_greedy_sample_in_chunks_is_argmax(vocab, special):
+    # greedy_sample finds the argmax through chunk maxima on a CPU (chunks of
+    # gcd(vocab, 1024) logits; 1000 has none that large): its index must be
+    # torch.argmax's, the first maximum, with ties (rounded logits), NaN (argmax
+    # takes the first NaN), infinities, and a row that is -inf throughout.
+    gen = seeded(vocab)
+    logits = torch.randn(7, vocab, generator=gen).mul(2).round()  # many ties
+    if special is not None:
+        logits[torch.rand(7, vocab, generator=gen) < 0.002] = float(special)
+        logits[3, vocab // 2 :] = float(special)
+    logits[5] = NEG_INF
+    assert torch.equal(Sampler.greedy_sample(logits), logits.argmax(dim=-1))
+
+
 def test_greedy_rows_stay_argmax_in_a_random_batch():
     # Rows with temperature 0 next to random rows (all_greedy False): the
     # greedy rows must still take the argmax whatever the random stream, and

@@ -25,7 +25,7 @@ from mini_vllm.sample import sampler as _reference
 from mini_vllm.sample.metadata import SamplingMetadata
 from mini_vllm.sample.ops.allowed_token_ids import apply_allowed_token_ids  # noqa: F401 (a lab region uses it)
 from mini_vllm.sample.ops.bad_words import apply_bad_words  # noqa: F401 (a lab region uses it)
-from mini_vllm.sample.sampler import _SAMPLING_EPS, SamplerOutput  # noqa: F401
+from mini_vllm.sample.sampler import _SAMPLING_EPS, ARGMAX_CHUNK, SamplerOutput  # noqa: F401
 
 
 class Sampler(_reference.Sampler):
@@ -57,7 +57,7 @@ class Sampler(_reference.Sampler):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Tokens int64 [B], and the processed logits or logprobs float32 [B, V]
         in the processed modes (None in the raw ones)."""
-        greedy = None if metadata.all_random else logits.argmax(dim=-1).view(-1)  # int64 [B]
+        greedy = None if metadata.all_random else self.greedy_sample(logits)  # int64 [B]
         if metadata.all_greedy:
             processed = None
             if metadata.max_num_logprobs is not None:
