@@ -234,9 +234,10 @@ class KVCacheManager:
             <= len(req_blocks) * self.block_size
         ):
             if self.enable_caching and not delay_cache_blocks:
-                self.cache_blocks(
-                    request, min(request.num_computed_tokens + num_new_tokens, request.num_tokens)
-                )
+                num_tokens_to_cache = request.num_computed_tokens + num_new_tokens
+                if num_tokens_to_cache > request.num_tokens:  # drafts are not tokens yet
+                    num_tokens_to_cache = request.num_tokens
+                self.cache_blocks(request, num_tokens_to_cache)
             return self.empty_kv_cache_blocks
 
         if self.coordinator is not None:

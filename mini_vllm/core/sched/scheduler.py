@@ -229,8 +229,12 @@ class Scheduler(SchedulerInterface):
         threshold = self.scheduler_config.long_prefill_token_threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
-        num_new_tokens = min(num_new_tokens, token_budget)
-        return min(num_new_tokens, self.max_model_len - 1 - request.num_computed_tokens)
+        if num_new_tokens > token_budget:
+            num_new_tokens = token_budget
+        max_new_tokens = self.max_model_len - 1 - request.num_computed_tokens
+        if num_new_tokens > max_new_tokens:
+            num_new_tokens = max_new_tokens
+        return num_new_tokens
 
     # END LAB 03.1
 
