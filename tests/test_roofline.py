@@ -140,6 +140,14 @@ def test_the_benchmark_runs_at_a_tiny_setting(tmp_path):
     # Before and after the oneDNN dispatch, alternating, the same tokens (checked inside).
     assert len(report["plain_gemm_runs"]) == len(report["engine_runs"]) == 2
     assert report["machine"][1]["matmul_gflop_s_by_way"]["float32"].keys() >= {"mm"}
+    # The 1-thread rates measured again after the engine's runs, as ratios to the first.
+    after = report["machine_after_engine_runs"]
+    assert report["drift"]["matmul"] == pytest.approx(
+        after["matmul_gflop_s_by_cpu"]["float32"] / report["peak_gflop_s"]
+    )
+    assert report["drift"]["bandwidth"] == pytest.approx(
+        max(after["bandwidth_gb_s_by_cpu"].values()) / report["bandwidth_gb_s"]
+    )
     # The compiled engine (a Dynamo trace, eager backend here: no inductor in the fast
     # tier): its own timed runs, after a compile run left out, with eager's tokens.
     compiled = report["compiled"]

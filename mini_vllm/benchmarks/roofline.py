@@ -351,6 +351,9 @@ def main(argv=None) -> dict:
             print(f"  {name} run {r + 1}: {runs[name][-1]['wall_s']:.2f} s", file=sys.stderr)
     for module, linear in dispatched.items():
         module.cpu_linear = linear
+    # The same 1-thread rates again: a machine whose speed moved while the engine ran
+    # (a shared host) shows it here, and its percentages then compare unlike times.
+    machine_after = measure_machine(args.matrix, args.mib, threads=(1,))[1]
     mini_tokens = runs["engine"][0]["tokens"]
     for run in (run for rs in runs.values() for run in rs):
         assert run.pop("tokens") == mini_tokens, "the engine's greedy tokens changed between runs"
@@ -396,6 +399,12 @@ def main(argv=None) -> dict:
         cpu_count=os.cpu_count(),
         torch=torch.__version__,
         machine=machine,
+        machine_after_engine_runs=machine_after,
+        # After over before, 1 thread by CPU time: 1.0 when the machine held its speed.
+        drift=dict(
+            matmul=machine_after["matmul_gflop_s_by_cpu"]["float32"] * 1e9 / peak,
+            bandwidth=max(machine_after["bandwidth_gb_s_by_cpu"].values()) * 1e9 / bw,
+        ),
         peak_gflop_s=peak / 1e9,
         bandwidth_gb_s=bw / 1e9,
         steps=len(recorder.steps),
@@ -472,6 +481,15 @@ def table(r: dict) -> str:
         f"(median of {len(r['engine_runs'])}): {r['engine_s']:.2f} s, "
         f"**{r['percent_of_roofline']:.0f}% of the roofline** "
         f"({r['percent_of_roofline_cpu']:.0f}% by CPU time, {r['engine_cpu_s']:.2f} s).",
+        f"Measured again after the engine's runs, the 1-thread fp32 peak was "
+        f"{r['drift']['matmul']:.2f}x and the bandwidth {r['drift']['bandwidth']:.2f}x "
+        f"the rates the roofline uses"
+        + (
+            " (1.00x is a steady machine)."
+            if all(0.9 <= d <= 1.1 for d in r["drift"].values())
+            else ": the machine's speed moved during the run, so these percentages "
+            "compare times taken at different speeds."
+        ),
         f"Engine against transformers' best static batch ({r['hf_best_batch']}): "
         f"{r['mini_tok_s']:.1f} against {r['hf_tok_s']:.1f} useful tok/s, "
         f"{r['ratio_to_hf']:.2f}x (per CPU second {r['mini_cpu_tok_s']:.1f} against "
