@@ -165,8 +165,8 @@ class Sampler(nn.Module):
     def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
         """Each row's argmax, int64 [B], as upstream's ``Sampler.greedy_sample``
         (vllm/v1/sample/sampler.py:235). On a CPU, ``argmax`` walks a row one
-        logit at a time while ``amax`` is vectorised (for 128 rows of SmolLM2's
-        49152 logits, 1 thread: 21 ms against 2.7 ms): so find the max of every
+        logit at a time while ``amax`` is vectorised (UPSTREAM_PIN.md has the
+        timing and its command): so find the max of every
         chunk of ``math.gcd(V, 1024)`` logits, the first chunk holding the row's
         max, and the argmax inside that chunk. The index is argmax's: its first
         maximum (its first NaN, if any)."""
