@@ -12,7 +12,8 @@
   the logits' weight tensors, counted once a step;
 - ``python -m mini_vllm.benchmarks.roofline`` runs at a tiny setting and
   records every step the engine ran (their tokens add up to every prompt
-  token and every output token but the last).
+  token and every output token but the last); its linear layers alone are
+  timed both ways.
 """
 
 from __future__ import annotations
@@ -148,9 +149,47 @@ def test_the_benchmark_runs_at_a_tiny_setting(tmp_path):
     assert report["drift"]["bandwidth"] == pytest.approx(
         max(after["bandwidth_gb_s_by_cpu"].values()) / report["bandwidth_gb_s"]
     )
+    # The linear layers alone, both ways: the faster per step is at most either sum.
+    alone = report["linears_alone"]
+    assert alone["passes"] == 3
+    assert 0 < alone["better_per_step_cpu_s"] <= min(alone["onednn_cpu_s"], alone["plain_cpu_s"])
     # The compiled engine (a Dynamo trace, eager backend here: no inductor in the fast
     # tier): its own timed runs, after a compile run left out, with eager's tokens.
     compiled = report["compiled"]
     assert compiled["mode"] == "DYNAMO_TRACE_ONCE" and compiled["backend"] == "eager"
     assert [run["identical_to_eager"] for run in compiled["runs"]] == ["6/6", "6/6"]
     assert compiled["percent_of_roofline_cpu"] > 0 and compiled["compile_run_cpu_s"] > 0
+
+
+def test_the_linears_alone_run_every_layer_at_its_steps_rows(tmp_path, monkeypatch):
+    path = make_tiny_model(tmp_path / "m", arch="llama", seed=0)
+    model = LLM(str(path), max_model_len=64, device="cpu").llm_engine.engine_core.model_runner.model
+    linear, calls = F.linear, []
+
+    def recorder(way):
+        def call(x, weight, bias=None):
+            calls.append((way, weight.shape[0], x.shape[0]))
+            return linear(x, weight, bias)
+
+        return call
+
+    layers = [m for m in model.modules() if "cpu_linear" in m.__dict__]
+    monkeypatch.setattr(F, "linear", recorder("plain"))
+    first, second = ExecutionContext(), ExecutionContext()
+    first.add(num_tokens=5, context_len=5, is_prefill=True)
+    for _ in range(2):  # a prefill of 5 tokens beside 2 decodes: 7 token rows, 3 logits rows
+        second.add(num_tokens=1, context_len=9, is_prefill=False)
+    second.add(num_tokens=5, context_len=5, is_prefill=True)
+    alone = roofline.linears_alone(
+        {m: recorder("onednn") for m in layers}, [first, second], passes=2
+    )
+    vocab = max(m.weight.shape[0] for m in layers)
+    # Per way, two passes over both steps, every layer once a step, in model order.
+    expected = [
+        (m.weight.shape[0], ctx_rows[m.weight.shape[0] == vocab])
+        for ctx_rows in ((5, 1), (7, 3))
+        for m in layers
+    ]
+    for way in ("onednn", "plain"):
+        assert [c[1:] for c in calls if c[0] == way] == expected * 2
+    assert alone["passes"] == 2 and alone["onednn_cpu_s"] >= 0

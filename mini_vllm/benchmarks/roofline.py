@@ -24,7 +24,13 @@ One run, in four parts:
    traces without inductor): its first run, which compiles, is timed apart
    and left out; then ``--repeats`` timed runs, their greedy tokens compared
    with eager's. Then one more eager run under ``step_breakdown``
-   (linear / attention / sampling / input preparation / scheduling / other).
+   (linear / attention / sampling / input preparation / scheduling / other),
+   and the linear layers alone (``linears_alone``): the model's own linear
+   layers and logits, in model order, on inputs of every recorded step's
+   rows, nothing else between them, both ways (oneDNN over the packed
+   weights, ``F.linear``), ``--linear-passes`` passes alternating, each
+   step's fastest kept: what these GEMM kernels need at the workload's shapes
+   whatever the rest of the engine does.
 3. transformers' static batches: continuous_batching.py's sweep
    (``hf_sweep``) over ``--hf-batches``; the best by tokens per CPU second is
    the baseline.
@@ -192,6 +198,40 @@ def measure_machine(matrix: int, mib: int, threads=(1, 2)) -> dict:
     return out
 
 
+def linears_alone(dispatched: dict, steps: list[ExecutionContext], passes: int) -> dict:
+    """CPU seconds of the model's linear layers alone over every step in ``steps``:
+    ``dispatched`` maps each layer to its dispatched ``cpu_linear`` (the logits'
+    embedding table among them, fed the step's logits rows, the others its tokens),
+    called in model order on preallocated random inputs, one step at a time. Each
+    way (``onednn``: the dispatched matmul; ``plain``: ``F.linear``) runs ``passes``
+    times, the two alternating, and keeps each step's fastest; ``better_per_step``
+    sums the faster of the two at each step."""
+    from mini_vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    rows = max(max(ctx.total_num_tokens(), ctx.num_logits_tokens()) for ctx in steps)
+    inputs = {k: torch.randn(rows, k) for k in {m.weight.shape[1] for m in dispatched}}
+    ways = {"onednn": None, "plain": torch.nn.functional.linear}
+    best = {way: [float("inf")] * len(steps) for way in ways}
+    with torch.inference_mode():
+        for p in range(passes):
+            for way, plain in ways.items() if p % 2 == 0 else reversed(ways.items()):
+                for i, ctx in enumerate(steps):
+                    c0 = time.process_time()
+                    for module, linear in dispatched.items():
+                        logits = isinstance(module, VocabParallelEmbedding)
+                        n = ctx.num_logits_tokens() if logits else ctx.total_num_tokens()
+                        x = inputs[module.weight.shape[1]][:n]  # [n, in_features]
+                        (plain or linear)(x, module.weight, getattr(module, "bias", None))
+                    best[way][i] = min(best[way][i], time.process_time() - c0)
+    return dict(
+        passes=passes,
+        onednn_cpu_s=sum(best["onednn"]),
+        plain_cpu_s=sum(best["plain"]),
+        better_per_step_cpu_s=sum(map(min, best["onednn"], best["plain"])),
+        loadavg_1m=os.getloadavg()[0],
+    )
+
+
 class StepRecorder:
     """Keeps each step's ``ExecutionContext`` while ``recording``: the runner's
     ``execute_model`` is shadowed on the instance (mini_vllm's code is unchanged)."""
@@ -314,6 +354,9 @@ def main(argv=None) -> dict:
         help="also time the engine compiled (torch.compile; its compile run left out)",
     )
     parser.add_argument("--compile-backend", choices=("inductor", "eager"), default="inductor")
+    parser.add_argument(
+        "--linear-passes", type=int, default=3, help="passes of the linear layers alone, per way"
+    )
     parser.add_argument("--note", help="a remark stored in the results file")
     args = parser.parse_args(argv)
     import transformers
@@ -369,6 +412,7 @@ def main(argv=None) -> dict:
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for _, n in workload]
     breakdown = step_breakdown(llm, prompts, params)
     breakdown_load = os.getloadavg()[0]
+    alone = linears_alone(dispatched, recorder.steps, args.linear_passes)
 
     pad_id = hf.generation_config.pad_token_id or 0
     sweep, _ = cb.hf_sweep(hf, workload, pad_id, mini_tokens, args.hf_batches)
@@ -422,6 +466,7 @@ def main(argv=None) -> dict:
         percent_of_roofline_cpu=100 * roofline_s / med(r["cpu_s"] for r in runs["engine"]),
         breakdown_s=breakdown,
         breakdown_loadavg_1m=breakdown_load,
+        linears_alone=alone,
         hf_sweep={bs: {k: v for k, v in r.items() if k != "run"} for bs, r in sweep.items()},
         hf_best_batch=best,
         mini_tok_s=useful / engine_s,
@@ -512,14 +557,22 @@ def table(r: dict) -> str:
             "time; greedy tokens identical to eager's: "
             f"{', '.join(run['identical_to_eager'] for run in c['runs'])}."
         )
+    a = r["linears_alone"]
+    ops = r["roofline_by_op_s"]
+    linear = sum(s for op, s in ops.items() if op not in ("attention", "silu_and_mul"))
+    lines.append(
+        f"The linear layers alone (the model's weights at every step's rows, fastest of "
+        f"{a['passes']} passes, CPU s): oneDNN {a['onednn_cpu_s']:.2f}, F.linear "
+        f"{a['plain_cpu_s']:.2f}, the faster per step {a['better_per_step_cpu_s']:.2f}; "
+        f"their roofline {linear:.2f}; at 75% of the roofline the whole run has "
+        f"{r['roofline_s'] / 0.75:.2f} s."
+    )
     lines += [
         "",
         f"| part | breakdown s (wall, load {r['breakdown_loadavg_1m']:.1f}) | share "
         "| share x engine CPU s | roofline s |",
         "|---|---:|---:|---:|---:|",
     ]
-    ops = r["roofline_by_op_s"]
-    linear = sum(s for op, s in ops.items() if op not in ("attention", "silu_and_mul"))
     roof = {"linear": linear, "attention": ops["attention"], "other": ops["silu_and_mul"]}
     total = sum(r["breakdown_s"].values())
     for part, s in r["breakdown_s"].items():

@@ -20,7 +20,11 @@ upstream's is one op of ``vllm._C`` (``torch.ops._C.onednn_mm``, called by
 ``onednn_mm`` in vllm/_custom_ops.py:3438): under ``torch.compile`` Dynamo
 does not trace into it, so the compiled graph calls the packed matmul and
 inductor fuses only the elementwise work around it. The op's fake
-implementation gives the trace its output's shape and dtype.
+implementation gives the trace its output's shape and dtype. Eagerly, the
+layer calls the op's body (``onednn_linear``) directly, as the attention
+layer does its forward: a Python custom op's dispatch (an autograd wrapper,
+a Dynamo-disabled frame) costs about 85 us a call, as much as a one-row
+matmul (see UPSTREAM_PIN.md), where upstream's C++ op costs a plain dispatch.
 
 Left out: the zentorch and SGL kernel paths, the causal-conv weight pack.
 Differs from upstream: upstream's op reaches the packed weight through a
@@ -62,11 +66,16 @@ def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module) -> None:
         return
 
     packed.packed_from = (weight.data_ptr(), weight._version, weight.dtype)
-    layer.cpu_linear = lambda x, weight_now, bias: onednn_mm(x, weight_now, bias, packed)
+
+    def cpu_linear(x, weight_now, bias):
+        if torch.compiler.is_compiling():  # traced: one opaque op (the docstring)
+            return onednn_mm(x, weight_now, bias, packed)
+        return onednn_linear(x, weight_now, bias, packed)
+
+    layer.cpu_linear = cpu_linear
 
 
-@torch.library.custom_op("mini_vllm::onednn_mm", mutates_args=())
-def onednn_mm(
+def onednn_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` computed by oneDNN over ``packed``, the copy of
@@ -79,6 +88,14 @@ def onednn_mm(
         x.reshape(-1, x.shape[-1]), packed, bias, "none", [], ""
     )  # [tokens, out_features]
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+@torch.library.custom_op("mini_vllm::onednn_mm", mutates_args=())
+def onednn_mm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor
+) -> torch.Tensor:
+    """``onednn_linear`` as one registered op, what a compiled graph calls."""
+    return onednn_linear(x, weight, bias, packed)
 
 
 @onednn_mm.register_fake
