@@ -24,13 +24,13 @@ One run, in four parts:
    traces without inductor): its first run, which compiles, is timed apart
    and left out; then ``--repeats`` timed runs, their greedy tokens compared
    with eager's. Then one more eager run under ``step_breakdown``
-   (linear / attention / sampling / input preparation / scheduling / other),
-   and the linear layers alone (``linears_alone``): the model's own linear
-   layers and logits, in model order, on inputs of every recorded step's
-   rows, nothing else between them, both ways (oneDNN over the packed
-   weights, ``F.linear``), ``--linear-passes`` passes alternating, each
-   step's fastest kept: what these GEMM kernels need at the workload's shapes
-   whatever the rest of the engine does.
+   (linear / attention / sampling / input preparation / scheduling / other).
+   Right after the eager runs, the linear layers alone (``linears_alone``):
+   the model's own linear layers and logits, in model order, on inputs of
+   every recorded step's rows, nothing else between them, both ways (oneDNN
+   over the packed weights, ``F.linear``), ``--linear-passes`` passes
+   alternating, each step's fastest kept: what these GEMM kernels need at
+   the workload's shapes whatever the rest of the engine does.
 3. transformers' static batches: continuous_batching.py's sweep
    (``hf_sweep``) over ``--hf-batches``; the best by tokens per CPU second is
    the baseline.
@@ -394,6 +394,7 @@ def main(argv=None) -> dict:
             print(f"  {name} run {r + 1}: {runs[name][-1]['wall_s']:.2f} s", file=sys.stderr)
     for module, linear in dispatched.items():
         module.cpu_linear = linear
+    alone = linears_alone(dispatched, recorder.steps, args.linear_passes)
     # The same 1-thread rates again: a machine whose speed moved while the engine ran
     # (a shared host) shows it here, and its percentages then compare unlike times.
     machine_after = measure_machine(args.matrix, args.mib, threads=(1,))[1]
@@ -412,7 +413,6 @@ def main(argv=None) -> dict:
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for _, n in workload]
     breakdown = step_breakdown(llm, prompts, params)
     breakdown_load = os.getloadavg()[0]
-    alone = linears_alone(dispatched, recorder.steps, args.linear_passes)
 
     pad_id = hf.generation_config.pad_token_id or 0
     sweep, _ = cb.hf_sweep(hf, workload, pad_id, mini_tokens, args.hf_batches)

@@ -23,8 +23,9 @@ inductor fuses only the elementwise work around it. The op's fake
 implementation gives the trace its output's shape and dtype. Eagerly, the
 layer calls the op's body (``onednn_linear``) directly, as the attention
 layer does its forward: a Python custom op's dispatch (an autograd wrapper,
-a Dynamo-disabled frame) costs about 85 us a call, as much as a one-row
-matmul (see UPSTREAM_PIN.md), where upstream's C++ op costs a plain dispatch.
+a Dynamo-disabled frame) costs tens of microseconds a call, half a one-row
+matmul (UPSTREAM_PIN.md has the measurement), where upstream's C++ op costs
+a plain dispatch.
 
 Left out: the zentorch and SGL kernel paths, the causal-conv weight pack.
 Differs from upstream: upstream's op reaches the packed weight through a
