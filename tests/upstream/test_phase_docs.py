@@ -369,7 +369,7 @@ DEEP_EXAMPLES = {
     "phases/12-structured-outputs/00-guide.md:50",
     "phases/12-structured-outputs/01-deep-dive.md:320",
     "phases/12-structured-outputs/EXERCISES.md:22",
-    "phases/18-performance/02-mini-build.md:171",
+    "phases/18-performance/02-mini-build.md:174",
 }
 
 
