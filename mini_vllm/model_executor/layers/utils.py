@@ -24,8 +24,8 @@ implementation gives the trace its output's shape and dtype. Eagerly, the
 layer calls the op's body (``onednn_linear``) directly, as the attention
 layer does its forward: a Python custom op's dispatch (an autograd wrapper,
 a Dynamo-disabled frame) costs tens of microseconds a call, half a one-row
-matmul (UPSTREAM_PIN.md has the measurement), where upstream's C++ op costs
-a plain dispatch.
+matmul (UPSTREAM_PIN.md has the measurement), where upstream's Python
+``onednn_mm`` reaches its C++ op through one plain dispatch.
 
 Left out: the zentorch and SGL kernel paths, the causal-conv weight pack.
 Differs from upstream: upstream's op reaches the packed weight through a
